@@ -1,0 +1,23 @@
+//! The worker-thread engine: framework-agnostic, no Python in sight.
+//!
+//! A consumer submits tasks (a payload each) and receives their outputs, in
+//! submission order or in completion order. Worker threads run a
+//! [`WorkerHooks`] implementation; the Python bindings supply one that calls
+//! into the user's dataset. Everything here is tested by `cargo test`.
+
+mod dispatch;
+mod error;
+mod pool;
+mod scheduler;
+mod sequencer;
+mod task;
+
+pub use dispatch::Dispatch;
+pub use error::EngineError;
+pub use pool::WorkerHooks;
+pub use scheduler::{Engine, EngineConfig};
+pub use sequencer::Order;
+pub use task::Outcome;
+
+#[cfg(test)]
+mod tests;

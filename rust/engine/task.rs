@@ -1,0 +1,37 @@
+//! The messages that travel between the consumer and the workers.
+
+/// One unit of work handed to a worker.
+pub(crate) struct Task<P> {
+    /// Position in submission order; unique for the engine's lifetime.
+    pub seq: u64,
+    /// The epoch it was submitted in; a task of an older epoch is not run.
+    pub epoch: u64,
+    pub payload: P,
+}
+
+/// What a worker's run of one task produced.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome<R> {
+    /// A result to deliver to the consumer.
+    Value(R),
+    /// The worker has no more data this epoch (an exhausted iterable
+    /// dataset): nothing is delivered for this task, and round-robin dispatch
+    /// stops sending the worker tasks until the next epoch.
+    Exhausted,
+}
+
+/// A finished task as the consumer receives it.
+pub(crate) struct Done<R> {
+    pub seq: u64,
+    pub epoch: u64,
+    pub worker: usize,
+    pub finished: Finished<R>,
+}
+
+pub(crate) enum Finished<R> {
+    Ran(Outcome<R>),
+    /// Its epoch had ended before a worker picked it up; it was not run.
+    Cancelled,
+    /// The worker panicked; the message is the panic payload.
+    Panicked(String),
+}
