@@ -37,7 +37,12 @@ impl<P> Dispatcher<P> {
             }
             Dispatch::RoundRobin => (0..workers).map(|_| bounded(capacity)).unzip(),
         };
-        let dispatcher = Dispatcher { mode, senders, active: vec![true; workers], cursor: 0 };
+        let dispatcher = Dispatcher {
+            mode,
+            senders,
+            active: vec![true; workers],
+            cursor: 0,
+        };
         (dispatcher, receivers)
     }
 
@@ -57,7 +62,9 @@ impl<P> Dispatcher<P> {
                     let worker = self.cursor;
                     self.cursor = (self.cursor + 1) % workers;
                     if self.active[worker] {
-                        self.senders[worker].try_send(task).map_err(|_| EngineError::Full)?;
+                        self.senders[worker]
+                            .try_send(task)
+                            .map_err(|_| EngineError::Full)?;
                         return Ok(Some(worker));
                     }
                 }
@@ -90,7 +97,11 @@ mod tests {
     use super::*;
 
     fn task(seq: u64) -> Task<u64> {
-        Task { seq, epoch: 0, payload: seq }
+        Task {
+            seq,
+            epoch: 0,
+            payload: seq,
+        }
     }
 
     #[test]

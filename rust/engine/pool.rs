@@ -23,7 +23,7 @@ pub trait WorkerHooks: Send + Sync + 'static {
 
     /// Wraps a worker thread's whole life. The Python bindings keep one
     /// interpreter thread state here, so thread-locals survive between tasks.
-    fn enter_thread(&self, worker_id: usize, body: &mut dyn FnMut()) {
+    fn enter_thread(&self, worker_id: usize, body: &mut (dyn FnMut() + Send)) {
         let _ = worker_id;
         body()
     }
@@ -32,8 +32,12 @@ pub trait WorkerHooks: Send + Sync + 'static {
     fn init(&self, worker_id: usize) -> Self::State;
 
     /// Runs one task.
-    fn run(&self, state: &mut Self::State, epoch: u64, payload: Self::Payload)
-        -> Outcome<Self::Output>;
+    fn run(
+        &self,
+        state: &mut Self::State,
+        epoch: u64,
+        payload: Self::Payload,
+    ) -> Outcome<Self::Output>;
 }
 
 /// State shared by the consumer and every worker thread.
@@ -79,7 +83,10 @@ impl Pool {
             live: Mutex::new(0),
             all_exited: Condvar::new(),
         });
-        let mut pool = Pool { shared, handles: Vec::with_capacity(task_receivers.len()) };
+        let mut pool = Pool {
+            shared,
+            handles: Vec::with_capacity(task_receivers.len()),
+        };
         for (worker_id, tasks) in task_receivers.into_iter().enumerate() {
             *pool.shared.live.lock().unwrap_or_else(|e| e.into_inner()) += 1;
             let guard = LiveGuard(pool.shared.clone());
@@ -110,10 +117,15 @@ impl Pool {
     /// The caller must first close the task channels so idle workers wake up.
     pub fn shutdown(&mut self, grace: Duration) -> usize {
         self.shared.stop.store(true, Ordering::Release);
+        let me = thread::current().id();
+        // A worker can end up here itself (a garbage collection run on a
+        // worker thread drops the engine): it waits for the others only.
+        let on_worker = self.handles.iter().any(|handle| handle.thread().id() == me);
+        let others_live = usize::from(on_worker);
         let deadline = Instant::now() + grace;
         let all_exited = {
             let mut live = self.shared.live.lock().unwrap_or_else(|e| e.into_inner());
-            while *live > 0 {
+            while *live > others_live {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     break;
@@ -125,13 +137,11 @@ impl Pool {
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             }
-            *live == 0
+            *live == others_live
         };
-        let me = thread::current().id();
         let mut left_running = 0;
         for handle in self.handles.drain(..) {
-            // A worker can end up here itself (a garbage collection run on
-            // a worker thread drops the engine): it must not join itself.
+            // Joining itself would deadlock; it leaves its loop when this returns.
             if handle.thread().id() == me {
                 continue;
             }
@@ -168,10 +178,18 @@ fn worker_main<W: WorkerHooks>(
                     Ok(state) => catch_unwind(AssertUnwindSafe(|| {
                         hooks.run(state, task.epoch, task.payload)
                     }))
-                    .map_or_else(|payload| Finished::Panicked(panic_message(&*payload)), Finished::Ran),
+                    .map_or_else(
+                        |payload| Finished::Panicked(panic_message(&*payload)),
+                        Finished::Ran,
+                    ),
                 }
             };
-            let done = Done { seq: task.seq, epoch: task.epoch, worker: worker_id, finished };
+            let done = Done {
+                seq: task.seq,
+                epoch: task.epoch,
+                worker: worker_id,
+                finished,
+            };
             if results.send(done).is_err() {
                 break;
             }

@@ -22,7 +22,7 @@ pub struct EngineConfig {
     pub max_in_flight: usize,
     pub order: Order,
     pub dispatch: Dispatch,
-    /// How long shutdown waits for a worker still inside a task.
+    /// How long dropping the engine waits for a worker still inside a task.
     pub shutdown_grace: Duration,
 }
 
@@ -92,7 +92,11 @@ impl<W: WorkerHooks> Engine<W> {
         if self.pending() >= self.max_in_flight {
             return Err(EngineError::Full);
         }
-        let task = Task { seq: self.next_seq, epoch: self.epoch(), payload };
+        let task = Task {
+            seq: self.next_seq,
+            epoch: self.epoch(),
+            payload,
+        };
         self.dispatcher.send(task)?;
         self.next_seq += 1;
         self.unreceived += 1;
@@ -134,9 +138,10 @@ impl<W: WorkerHooks> Engine<W> {
             }
             // Only tasks of an ended epoch are cancelled; handled above.
             Finished::Cancelled => None,
-            Finished::Panicked(message) => {
-                Some(Err(EngineError::WorkerPanicked { worker: done.worker, message }))
-            }
+            Finished::Panicked(message) => Some(Err(EngineError::WorkerPanicked {
+                worker: done.worker,
+                message,
+            })),
         };
         self.sequencer.finished(done.seq, item);
     }
@@ -160,21 +165,26 @@ impl<W: WorkerHooks> Engine<W> {
         Ok(())
     }
 
-    /// Stops and joins the workers (see [`Pool::shutdown`]); idempotent.
-    /// Returns how many threads were still inside a task after the grace
-    /// period and were left to finish on their own.
-    pub fn shutdown(&mut self) -> usize {
+    /// Stops and joins the workers, waiting at most `grace` for one still
+    /// inside a task (see [`Pool::shutdown`]); idempotent. Returns how many
+    /// threads were left to finish their task and exit on their own.
+    pub fn shutdown(&mut self, grace: Duration) -> usize {
         if self.shut_down {
             return 0;
         }
         self.shut_down = true;
         self.dispatcher.close();
-        self.pool.shutdown(self.shutdown_grace)
+        self.pool.shutdown(grace)
+    }
+
+    /// [`Self::shutdown`] with the configured `shutdown_grace`.
+    pub fn shutdown_with_default_grace(&mut self) -> usize {
+        self.shutdown(self.shutdown_grace)
     }
 }
 
 impl<W: WorkerHooks> Drop for Engine<W> {
     fn drop(&mut self) {
-        self.shutdown();
+        self.shutdown_with_default_grace();
     }
 }

@@ -31,7 +31,13 @@ pub(crate) struct Sequencer<R> {
 
 impl<R> Sequencer<R> {
     pub fn new(order: Order) -> Self {
-        Sequencer { order, waiting: BTreeMap::new(), ready: VecDeque::new(), next: 0, unfinished: 0 }
+        Sequencer {
+            order,
+            waiting: BTreeMap::new(),
+            ready: VecDeque::new(),
+            next: 0,
+            unfinished: 0,
+        }
     }
 
     /// Starts an epoch whose first task will have sequence number `first_seq`.

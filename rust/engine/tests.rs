@@ -14,7 +14,10 @@ use super::*;
 #[derive(Debug, Clone, Copy)]
 enum Job {
     /// Sleep this many microseconds, then return the value.
-    Value { value: u64, sleep_us: u64 },
+    Value {
+        value: u64,
+        sleep_us: u64,
+    },
     Exhaust,
     Panic,
 }
@@ -29,7 +32,7 @@ impl WorkerHooks for Hooks {
     type Output = (usize, u64);
     type State = usize;
 
-    fn enter_thread(&self, _worker_id: usize, body: &mut dyn FnMut()) {
+    fn enter_thread(&self, _worker_id: usize, body: &mut (dyn FnMut() + Send)) {
         self.inside.fetch_add(1, AtomicOrdering::SeqCst);
         body();
         self.inside.fetch_sub(1, AtomicOrdering::SeqCst);
@@ -51,13 +54,30 @@ impl WorkerHooks for Hooks {
     }
 }
 
-fn config(num_workers: usize, max_in_flight: usize, order: Order, dispatch: Dispatch) -> EngineConfig {
-    EngineConfig { num_workers, max_in_flight, order, dispatch, shutdown_grace: Duration::from_secs(10) }
+fn config(
+    num_workers: usize,
+    max_in_flight: usize,
+    order: Order,
+    dispatch: Dispatch,
+) -> EngineConfig {
+    EngineConfig {
+        num_workers,
+        max_in_flight,
+        order,
+        dispatch,
+        shutdown_grace: Duration::from_secs(10),
+    }
 }
 
 fn start(cfg: EngineConfig) -> (Engine<Hooks>, Arc<AtomicUsize>) {
     let inside = Arc::new(AtomicUsize::new(0));
-    let engine = Engine::start(cfg, Hooks { inside: inside.clone() }).expect("threads start");
+    let engine = Engine::start(
+        cfg,
+        Hooks {
+            inside: inside.clone(),
+        },
+    )
+    .expect("threads start");
     (engine, inside)
 }
 
@@ -86,17 +106,34 @@ fn run_all(engine: &mut Engine<Hooks>, jobs: &[Job]) -> Vec<Result<(usize, u64),
 #[test]
 fn submission_order_is_kept_whatever_the_task_durations() {
     let (mut engine, _) = start(config(4, 8, Order::Submission, Dispatch::Shared));
-    let jobs: Vec<Job> =
-        (0..40).map(|i| Job::Value { value: i, sleep_us: (40 - i) * 100 }).collect();
-    let values: Vec<u64> = run_all(&mut engine, &jobs).into_iter().map(|r| r.unwrap().1).collect();
+    let jobs: Vec<Job> = (0..40)
+        .map(|i| Job::Value {
+            value: i,
+            sleep_us: (40 - i) * 100,
+        })
+        .collect();
+    let values: Vec<u64> = run_all(&mut engine, &jobs)
+        .into_iter()
+        .map(|r| r.unwrap().1)
+        .collect();
     assert_eq!(values, (0..40).collect::<Vec<_>>());
 }
 
 #[test]
 fn completion_order_lets_fast_tasks_pass_a_slow_one() {
     let (mut engine, _) = start(config(2, 4, Order::Completion, Dispatch::Shared));
-    engine.submit(Job::Value { value: 0, sleep_us: 300_000 }).unwrap();
-    engine.submit(Job::Value { value: 1, sleep_us: 0 }).unwrap();
+    engine
+        .submit(Job::Value {
+            value: 0,
+            sleep_us: 300_000,
+        })
+        .unwrap();
+    engine
+        .submit(Job::Value {
+            value: 1,
+            sleep_us: 0,
+        })
+        .unwrap();
     assert_eq!(engine.recv(WAIT).unwrap().1, 1);
     assert_eq!(engine.recv(WAIT).unwrap().1, 0);
     assert_eq!(engine.recv(WAIT), Err(EngineError::Idle));
@@ -105,10 +142,26 @@ fn completion_order_lets_fast_tasks_pass_a_slow_one() {
 #[test]
 fn submit_refuses_past_the_in_flight_bound() {
     let (mut engine, _) = start(config(1, 2, Order::Submission, Dispatch::Shared));
-    engine.submit(Job::Value { value: 0, sleep_us: 0 }).unwrap();
-    engine.submit(Job::Value { value: 1, sleep_us: 0 }).unwrap();
+    engine
+        .submit(Job::Value {
+            value: 0,
+            sleep_us: 0,
+        })
+        .unwrap();
+    engine
+        .submit(Job::Value {
+            value: 1,
+            sleep_us: 0,
+        })
+        .unwrap();
     assert!(!engine.can_submit());
-    assert_eq!(engine.submit(Job::Value { value: 2, sleep_us: 0 }), Err(EngineError::Full));
+    assert_eq!(
+        engine.submit(Job::Value {
+            value: 2,
+            sleep_us: 0
+        }),
+        Err(EngineError::Full)
+    );
     engine.recv(WAIT).unwrap();
     assert!(engine.can_submit());
 }
@@ -116,8 +169,16 @@ fn submit_refuses_past_the_in_flight_bound() {
 #[test]
 fn recv_reports_an_elapsed_wait_and_the_result_still_arrives() {
     let (mut engine, _) = start(config(1, 1, Order::Submission, Dispatch::Shared));
-    engine.submit(Job::Value { value: 7, sleep_us: 200_000 }).unwrap();
-    assert_eq!(engine.recv(Duration::from_millis(1)), Err(EngineError::WaitElapsed));
+    engine
+        .submit(Job::Value {
+            value: 7,
+            sleep_us: 200_000,
+        })
+        .unwrap();
+    assert_eq!(
+        engine.recv(Duration::from_millis(1)),
+        Err(EngineError::WaitElapsed)
+    );
     assert_eq!(engine.recv(WAIT).unwrap().1, 7);
 }
 
@@ -125,16 +186,36 @@ fn recv_reports_an_elapsed_wait_and_the_result_still_arrives() {
 fn round_robin_gives_task_i_to_worker_i_mod_n_and_drops_exhausted_workers() {
     let (mut engine, _) = start(config(3, 6, Order::Submission, Dispatch::RoundRobin));
     for i in 0..3 {
-        engine.submit(Job::Value { value: i, sleep_us: 0 }).unwrap();
+        engine
+            .submit(Job::Value {
+                value: i,
+                sleep_us: 0,
+            })
+            .unwrap();
     }
     let workers: Vec<usize> = (0..3).map(|_| engine.recv(WAIT).unwrap().0).collect();
     assert_eq!(workers, vec![0, 1, 2]);
     // Worker 0 reports exhaustion: it delivers nothing and gets no more tasks.
     engine.submit(Job::Exhaust).unwrap();
-    engine.submit(Job::Value { value: 4, sleep_us: 0 }).unwrap();
+    engine
+        .submit(Job::Value {
+            value: 4,
+            sleep_us: 0,
+        })
+        .unwrap();
     assert_eq!(engine.recv(WAIT).unwrap(), (1, 4));
-    engine.submit(Job::Value { value: 5, sleep_us: 0 }).unwrap();
-    engine.submit(Job::Value { value: 6, sleep_us: 0 }).unwrap();
+    engine
+        .submit(Job::Value {
+            value: 5,
+            sleep_us: 0,
+        })
+        .unwrap();
+    engine
+        .submit(Job::Value {
+            value: 6,
+            sleep_us: 0,
+        })
+        .unwrap();
     assert_eq!(engine.recv(WAIT).unwrap(), (2, 5));
     assert_eq!(engine.recv(WAIT).unwrap(), (1, 6));
 }
@@ -142,9 +223,19 @@ fn round_robin_gives_task_i_to_worker_i_mod_n_and_drops_exhausted_workers() {
 #[test]
 fn a_panicking_task_is_reported_in_its_place_and_the_worker_survives() {
     let (mut engine, inside) = start(config(1, 4, Order::Submission, Dispatch::Shared));
-    engine.submit(Job::Value { value: 0, sleep_us: 0 }).unwrap();
+    engine
+        .submit(Job::Value {
+            value: 0,
+            sleep_us: 0,
+        })
+        .unwrap();
     engine.submit(Job::Panic).unwrap();
-    engine.submit(Job::Value { value: 2, sleep_us: 0 }).unwrap();
+    engine
+        .submit(Job::Value {
+            value: 2,
+            sleep_us: 0,
+        })
+        .unwrap();
     assert_eq!(engine.recv(WAIT).unwrap().1, 0);
     match engine.recv(WAIT) {
         Err(EngineError::WorkerPanicked { worker: 0, message }) => {
@@ -160,13 +251,23 @@ fn a_panicking_task_is_reported_in_its_place_and_the_worker_survives() {
 fn a_new_epoch_drops_stale_tasks_and_restarts_round_robin() {
     let (mut engine, _) = start(config(2, 8, Order::Submission, Dispatch::RoundRobin));
     for i in 0..8 {
-        engine.submit(Job::Value { value: i, sleep_us: 20_000 }).unwrap();
+        engine
+            .submit(Job::Value {
+                value: i,
+                sleep_us: 20_000,
+            })
+            .unwrap();
     }
     engine.recv(WAIT).unwrap();
     engine.new_epoch().unwrap();
     assert_eq!(engine.pending(), 0);
     assert_eq!(engine.recv(WAIT), Err(EngineError::Idle));
-    engine.submit(Job::Value { value: 100, sleep_us: 0 }).unwrap();
+    engine
+        .submit(Job::Value {
+            value: 100,
+            sleep_us: 0,
+        })
+        .unwrap();
     assert_eq!(engine.recv(WAIT).unwrap(), (0, 100));
 }
 
@@ -175,9 +276,14 @@ fn shutdown_joins_every_worker_and_refuses_more_work() {
     let (mut engine, inside) = start(config(4, 8, Order::Submission, Dispatch::Shared));
     assert_eq!(engine.num_workers(), 4);
     for i in 0..8 {
-        engine.submit(Job::Value { value: i, sleep_us: 1_000 }).unwrap();
+        engine
+            .submit(Job::Value {
+                value: i,
+                sleep_us: 1_000,
+            })
+            .unwrap();
     }
-    assert_eq!(engine.shutdown(), 0);
+    assert_eq!(engine.shutdown(Duration::from_secs(10)), 0);
     assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
     assert_eq!(engine.submit(Job::Exhaust), Err(EngineError::ShutDown));
     assert_eq!(engine.recv(WAIT), Err(EngineError::ShutDown));
@@ -185,12 +291,15 @@ fn shutdown_joins_every_worker_and_refuses_more_work() {
 
 #[test]
 fn shutdown_leaves_a_stuck_worker_after_the_grace_period() {
-    let mut cfg = config(1, 1, Order::Submission, Dispatch::Shared);
-    cfg.shutdown_grace = Duration::from_millis(10);
-    let (mut engine, inside) = start(cfg);
-    engine.submit(Job::Value { value: 0, sleep_us: 300_000 }).unwrap();
+    let (mut engine, inside) = start(config(1, 1, Order::Submission, Dispatch::Shared));
+    engine
+        .submit(Job::Value {
+            value: 0,
+            sleep_us: 300_000,
+        })
+        .unwrap();
     thread::sleep(Duration::from_millis(50));
-    assert_eq!(engine.shutdown(), 1);
+    assert_eq!(engine.shutdown(Duration::from_millis(10)), 1);
     // It finishes its task and exits on its own.
     for _ in 0..200 {
         if inside.load(AtomicOrdering::SeqCst) == 0 {

@@ -1,0 +1,17 @@
+"""minato: a thread-based, drop-in replacement for ``torch.utils.data.DataLoader``.
+
+Swap one import::
+
+    from minato import DataLoader
+
+and the loader's workers become threads run by a Rust engine instead of
+processes: no start-up cost, no copied memory, no inter-process transfer.
+"""
+
+from minato._torch_threads import install as _install_thread_support
+from minato.dataloader import DataLoader
+
+_install_thread_support()
+
+__all__ = ["DataLoader"]
+__version__ = "0.1.0"

@@ -1,0 +1,119 @@
+"""The iterator of a minato DataLoader with worker threads."""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from torch._utils import ExceptionWrapper
+from torch.utils.data._utils.pin_memory import pin_memory
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
+
+from minato._minato import Engine
+from minato._worker import EXHAUSTED, WorkerSpec, worker_factory
+
+if TYPE_CHECKING:
+    from minato.dataloader import DataLoader
+
+# How long ending an iterator early (break, an exception, garbage collection)
+# waits for a worker still inside the dataset's code before leaving it to
+# finish that call and exit on its own. Idle workers leave at once.
+SHUTDOWN_GRACE_S = 1.0
+# At interpreter exit, workers get longer: one still running Python code when
+# the interpreter finalizes would be killed in the middle of it.
+EXIT_GRACE_S = 10.0
+
+_live_iterators: weakref.WeakSet[_ThreadDataLoaderIter] = weakref.WeakSet()
+
+
+@atexit.register
+def _shut_down_all_at_exit() -> None:
+    for iterator in list(_live_iterators):
+        iterator._shutdown(EXIT_GRACE_S)
+
+
+class _ThreadDataLoaderIter(_BaseDataLoaderIter):
+    """Keeps the engine fed with the sampler's indices and yields what it delivers.
+
+    The sampler is iterated here, on the consumer's thread, as torch does; the
+    engine bounds the work in flight to ``prefetch_factor * num_workers``.
+    """
+
+    def __init__(self, loader: DataLoader) -> None:
+        super().__init__(loader)
+        is_iterable = self._dataset_kind == _DatasetKind.Iterable
+        spec = WorkerSpec(
+            dataset=self._dataset,
+            is_iterable=is_iterable,
+            auto_collation=self._auto_collation,
+            collate_fn=self._collate_fn,
+            drop_last=self._drop_last,
+            num_workers=self._num_workers,
+            base_seed=self._base_seed,
+            worker_init_fn=loader.worker_init_fn,
+        )
+        self._engine = Engine(
+            worker_factory(spec),
+            EXHAUSTED,
+            num_workers=self._num_workers,
+            max_in_flight=max(1, loader.prefetch_factor * self._num_workers),
+            in_order=loader.in_order is not False,
+            # Each worker owns a stream of an iterable dataset, so tasks go
+            # to workers in turn, as in torch; map-style tasks go to
+            # whichever worker is free.
+            round_robin=is_iterable,
+            shutdown_grace=SHUTDOWN_GRACE_S,
+        )
+        _live_iterators.add(self)
+        self._reset(loader, first_iter=True)
+
+    def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
+        super()._reset(loader, first_iter)
+        if not first_iter:
+            # A persistent iterator's next epoch: drop what is left of the last one.
+            self._engine.new_epoch()
+        self._sampler_done = False
+        self._submit_ready()
+
+    def _submit_ready(self) -> None:
+        engine = self._engine
+        while not self._sampler_done and engine.can_submit():
+            try:
+                index = self._next_index()
+            except StopIteration:
+                self._sampler_done = True
+                return
+            if not engine.submit(index):
+                # Every worker of an iterable dataset is exhausted.
+                self._sampler_done = True
+
+    def _next_data(self) -> Any:
+        while True:
+            self._submit_ready()
+            try:
+                data = self._engine.next(self._timeout)
+            except StopIteration:
+                if not self._sampler_done:
+                    continue
+                if not self._persistent_workers:
+                    self._shutdown(SHUTDOWN_GRACE_S)
+                raise
+            except KeyboardInterrupt:
+                # Leave now: workers still inside the dataset finish on their own.
+                self._shutdown(0.0)
+                raise
+            if isinstance(data, ExceptionWrapper):
+                data.reraise()
+            if self._pin_memory:
+                data = pin_memory(data, self._pin_memory_device)
+            return data
+
+    def _shutdown(self, grace: float) -> None:
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            engine.shutdown(grace)
+            _live_iterators.discard(self)
+
+    def __del__(self) -> None:
+        self._shutdown(SHUTDOWN_GRACE_S)

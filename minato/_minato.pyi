@@ -1,0 +1,28 @@
+"""Type stubs for minato's private extension module."""
+
+from collections.abc import Callable
+from typing import Any, final
+
+@final
+class Engine:
+    """Worker threads running ``make_worker(id)(epoch, payload)`` for each submitted payload."""
+
+    def __new__(
+        cls,
+        make_worker: Callable[[int], Callable[[int, Any], Any]],
+        exhausted: object,
+        *,
+        num_workers: int,
+        max_in_flight: int,
+        in_order: bool,
+        round_robin: bool,
+        shutdown_grace: float,
+    ) -> Engine: ...
+    @property
+    def num_workers(self) -> int: ...
+    def can_submit(self) -> bool: ...
+    def pending(self) -> int: ...
+    def submit(self, payload: Any) -> bool: ...
+    def next(self, timeout: float) -> Any: ...
+    def new_epoch(self) -> None: ...
+    def shutdown(self, grace: float) -> int: ...

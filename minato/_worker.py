@@ -1,0 +1,182 @@
+"""What runs on a minato worker thread: set-up, then one call per task.
+
+The Rust engine calls ``make_worker(worker_id)`` once on each worker thread
+and the returned ``run(epoch, index)`` for each task. ``run`` never raises
+for a dataset or collate error: it returns torch's ``ExceptionWrapper``, which
+the consumer re-raises in order, as torch does.
+"""
+
+from __future__ import annotations
+
+import random
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._utils import ExceptionWrapper
+from torch.utils.data._utils import worker as _torch_worker
+
+from minato._torch_threads import set_thread_worker_info
+
+# Returned by `run` when an iterable dataset's worker has no more data.
+EXHAUSTED = object()
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker thread needs; it holds no reference to the loader or iterator."""
+
+    dataset: Any
+    is_iterable: bool
+    auto_collation: bool
+    collate_fn: Callable[[Any], Any]
+    drop_last: bool
+    num_workers: int
+    base_seed: int
+    worker_init_fn: Callable[[int], None] | None
+
+
+def _where(worker_id: int, index: object = None) -> str:
+    where = f"in DataLoader worker thread {worker_id}"
+    return where if index is None else f"{where} (sample index {index})"
+
+
+def _thread_rng(base_seed: int, worker_id: int) -> object:
+    """Per-thread generators, seeded as torch seeds a worker process's globals."""
+    seed = base_seed + worker_id
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    numpy_generator = None
+    try:
+        import numpy as np
+
+        numpy_generator = np.random.default_rng(_torch_worker._generate_state(base_seed, worker_id))
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    rng_type = getattr(_torch_worker, "_RNG", None)
+    fields = dict(
+        random_generator=random.Random(seed),
+        torch_generator=generator,
+        numpy_generator=numpy_generator,
+    )
+    return rng_type(**fields) if rng_type is not None else types.SimpleNamespace(**fields)
+
+
+def worker_factory(spec: WorkerSpec) -> Callable[[int], Callable[[int, Any], Any]]:
+    """The `make_worker` the engine calls on each new worker thread."""
+
+    def make_worker(worker_id: int) -> Callable[[int, Any], Any]:
+        info = _torch_worker.WorkerInfo(
+            id=worker_id,
+            num_workers=spec.num_workers,
+            seed=spec.base_seed + worker_id,
+            dataset=spec.dataset,
+            rng=_thread_rng(spec.base_seed, worker_id),
+            worker_method="thread",
+        )
+        set_thread_worker_info(info)
+        # As in torch: a failing worker_init_fn (or iter(dataset)) is
+        # reported as the result of the worker's first task.
+        init_error: ExceptionWrapper | None = None
+        fetcher: _MapFetcher | _IterableFetcher | None = None
+        try:
+            if spec.worker_init_fn is not None:
+                spec.worker_init_fn(worker_id)
+            fetcher = (_IterableFetcher if spec.is_iterable else _MapFetcher)(spec, worker_id)
+        except Exception:
+            init_error = ExceptionWrapper(where=_where(worker_id))
+
+        def run(epoch: int, index: Any) -> Any:
+            nonlocal init_error
+            if init_error is not None:
+                error, init_error = init_error, None
+                return error
+            if fetcher is None:
+                return ExceptionWrapper(
+                    exc_info=(RuntimeError, RuntimeError("worker set-up failed"), None),
+                    where=_where(worker_id),
+                )
+            return fetcher.fetch(epoch, index)
+
+        return run
+
+    return make_worker
+
+
+class _MapFetcher:
+    def __init__(self, spec: WorkerSpec, worker_id: int) -> None:
+        self.dataset = spec.dataset
+        self.auto_collation = spec.auto_collation
+        self.collate_fn = spec.collate_fn
+        self.worker_id = worker_id
+        getitems = getattr(spec.dataset, "__getitems__", None)
+        self.getitems = getitems if getitems else None
+
+    def fetch(self, epoch: int, index: Any) -> Any:
+        dataset = self.dataset
+        if not self.auto_collation:
+            try:
+                data = dataset[index]
+            except Exception:
+                return ExceptionWrapper(where=_where(self.worker_id, index))
+        elif self.getitems is not None:
+            try:
+                data = self.getitems(index)
+            except Exception:
+                return ExceptionWrapper(where=_where(self.worker_id, index))
+        else:
+            data = []
+            for i in index:
+                try:
+                    data.append(dataset[i])
+                except Exception:
+                    return ExceptionWrapper(where=_where(self.worker_id, i))
+        try:
+            return self.collate_fn(data)
+        except Exception:
+            return ExceptionWrapper(where=_where(self.worker_id))
+
+
+class _IterableFetcher:
+    """A worker's own stream over an IterableDataset, restarted each epoch."""
+
+    def __init__(self, spec: WorkerSpec, worker_id: int) -> None:
+        self.spec = spec
+        self.worker_id = worker_id
+        self.epoch: int | None = None
+        self.iterator = iter(spec.dataset)
+        self.ended = False
+
+    def fetch(self, epoch: int, index: Any) -> Any:
+        spec = self.spec
+        if self.epoch is None:
+            self.epoch = epoch
+        elif epoch != self.epoch:
+            self.epoch, self.iterator, self.ended = epoch, iter(spec.dataset), False
+        if self.ended:
+            return EXHAUSTED
+        try:
+            if spec.auto_collation:
+                data = []
+                for _ in index:
+                    try:
+                        data.append(next(self.iterator))
+                    except StopIteration:
+                        self.ended = True
+                        break
+                if not data or (spec.drop_last and len(data) < len(index)):
+                    return EXHAUSTED
+            else:
+                try:
+                    data = next(self.iterator)
+                except StopIteration:
+                    self.ended = True
+                    return EXHAUSTED
+        except Exception:
+            return ExceptionWrapper(where=_where(self.worker_id))
+        try:
+            return spec.collate_fn(data)
+        except Exception:
+            return ExceptionWrapper(where=_where(self.worker_id))

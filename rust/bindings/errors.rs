@@ -1,0 +1,36 @@
+//! The one place where minato's Rust errors become Python exceptions, of the
+//! type torch's DataLoader would raise.
+
+use pyo3::exceptions::{PyRuntimeError, PyStopIteration};
+use pyo3::PyErr;
+
+use crate::engine::EngineError;
+
+/// Failures the bindings report to Python.
+#[derive(Debug)]
+pub(crate) enum LoaderError {
+    /// The engine refused or failed (see [`EngineError`]).
+    Engine(EngineError),
+    /// The user's `timeout` passed with no batch; `timeout` is as the user wrote it.
+    TimedOut { timeout: String },
+}
+
+impl From<EngineError> for LoaderError {
+    fn from(err: EngineError) -> Self {
+        LoaderError::Engine(err)
+    }
+}
+
+impl From<LoaderError> for PyErr {
+    fn from(err: LoaderError) -> PyErr {
+        match err {
+            // Nothing left to deliver this epoch: Python's end-of-iteration signal.
+            LoaderError::Engine(EngineError::Idle) => PyStopIteration::new_err(()),
+            // torch raises RuntimeError for a dead or misbehaving worker too.
+            LoaderError::Engine(other) => PyRuntimeError::new_err(other.to_string()),
+            LoaderError::TimedOut { timeout } => {
+                PyRuntimeError::new_err(format!("DataLoader timed out after {timeout} seconds"))
+            }
+        }
+    }
+}

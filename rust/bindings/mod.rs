@@ -1,0 +1,13 @@
+//! Python bindings: argument extraction and GIL handling only; the work is
+//! done by `crate::engine` with the GIL released.
+
+mod engine;
+mod errors;
+mod worker;
+
+use pyo3::prelude::*;
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<engine::PyEngine>()?;
+    Ok(())
+}
