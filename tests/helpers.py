@@ -1,0 +1,167 @@
+"""Test helpers: comparing minato with torch, counting OS threads, datasets."""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections import namedtuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data as tud
+
+import minato
+
+
+def os_thread_count() -> int:
+    """Threads of this process as the OS sees them (Rust threads included)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def wait_for_thread_count(expected: int, within_s: float = 10.0) -> int:
+    """Waits (collecting garbage) until at most `expected` threads remain; returns the count."""
+    deadline = time.monotonic() + within_s
+    while True:
+        gc.collect()
+        count = os_thread_count()
+        if count <= expected or time.monotonic() > deadline:
+            return count
+        time.sleep(0.02)
+
+
+def assert_same(a: Any, b: Any, path: str = "batch") -> None:
+    """Element-for-element equality of two batches, types included."""
+    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a} != {b}"
+        assert torch.equal(a, b), f"{path}: {a} != {b}"
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, b)
+    elif isinstance(a, Mapping):
+        assert list(a.keys()) == list(b.keys()), path
+        for key in a:
+            assert_same(a[key], b[key], f"{path}[{key!r}]")
+    elif isinstance(a, Sequence) and not isinstance(a, (str, bytes)):
+        assert len(a) == len(b), f"{path}: lengths {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def batches(loader: tud.DataLoader) -> list[Any]:
+    return list(loader)
+
+
+def compare_with_torch(
+    make_dataset: Callable[[], Any],
+    seed: int | None = 0,
+    **kwargs: Any,
+) -> list[Any]:
+    """Runs the same loader through torch and minato (from the same RNG state) and
+    asserts identical batches; returns minato's."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    expected = batches(tud.DataLoader(make_dataset(), **kwargs))
+    if seed is not None:
+        torch.manual_seed(seed)
+    got = batches(minato.DataLoader(make_dataset(), **kwargs))
+    assert len(got) == len(expected)
+    for i, (x, y) in enumerate(zip(got, expected, strict=True)):
+        assert_same(x, y, f"batch {i}")
+    return got
+
+
+# Datasets, at module level so torch's worker processes can use them too.
+
+
+class RangeDataset(tud.Dataset):
+    """Map-style: item i is i."""
+
+    def __init__(self, n: int = 37) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+Point = namedtuple("Point", ["x", "y"])
+
+
+class RichDataset(tud.Dataset):
+    """Map-style items of every type default_collate handles."""
+
+    def __init__(self, n: int = 20) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {
+            "tensor": torch.arange(3, dtype=torch.float32) + i,
+            "array": np.full((2, 2), i, dtype=np.int16),
+            "int": i,
+            "float": i / 2,
+            "bool": i % 2 == 0,
+            "np_scalar": np.float32(i),
+            "str": f"s{i}",
+            "bytes": bytes([i]),
+            "point": Point(i, -i),
+            "nested": (torch.tensor([i]), [i, i + 1], {"deep": np.int64(i)}),
+        }
+
+
+class WorkerInfoDataset(tud.Dataset):
+    """Item i reports the worker info its loader thread or process saw."""
+
+    def __init__(self, n: int = 16) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        info = tud.get_worker_info()
+        return {"index": i, "id": -1 if info is None else info.id,
+                "seed": -1 if info is None else info.seed}
+
+
+class ShardedIterable(tud.IterableDataset):
+    """Yields range(n), each worker its own interleaved shard, as torch's docs show."""
+
+    def __init__(self, n: int = 50) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, self.n, step))
+
+
+class UnevenIterable(tud.IterableDataset):
+    """Worker w yields 3 + 4*w items: workers run dry at different times."""
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        worker = 0 if info is None else info.id
+        return iter([worker * 1000 + k for k in range(3 + 4 * worker)])
+
+
+class UnshardedIterable(tud.IterableDataset):
+    """Every worker yields the whole range (torch duplicates it per worker)."""
+
+    def __init__(self, n: int = 10) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
