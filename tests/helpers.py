@@ -129,8 +129,11 @@ class WorkerInfoDataset(tud.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         info = tud.get_worker_info()
-        return {"index": i, "id": -1 if info is None else info.id,
-                "seed": -1 if info is None else info.seed}
+        return {
+            "index": i,
+            "id": -1 if info is None else info.id,
+            "seed": -1 if info is None else info.seed,
+        }
 
 
 class ShardedIterable(tud.IterableDataset):

@@ -29,8 +29,9 @@ WORKERS = [0, 1, 3]
 @pytest.mark.parametrize("num_workers", WORKERS)
 @pytest.mark.parametrize("batch_size,drop_last", [(1, False), (4, False), (4, True), (None, False)])
 def test_sequential(num_workers, batch_size, drop_last) -> None:
-    compare_with_torch(RangeDataset, batch_size=batch_size, drop_last=drop_last,
-                       num_workers=num_workers)
+    compare_with_torch(
+        RangeDataset, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers
+    )
 
 
 @pytest.mark.parametrize("num_workers", WORKERS)
@@ -39,17 +40,24 @@ def test_shuffle_with_generator(num_workers) -> None:
         return torch.Generator().manual_seed(1234)
 
     torch.manual_seed(0)
-    expected = batches(tud.DataLoader(RangeDataset(), batch_size=5, shuffle=True, generator=gen(),
-                                      num_workers=num_workers))
-    got = batches(minato.DataLoader(RangeDataset(), batch_size=5, shuffle=True, generator=gen(),
-                                    num_workers=num_workers))
+    expected = batches(
+        tud.DataLoader(
+            RangeDataset(), batch_size=5, shuffle=True, generator=gen(), num_workers=num_workers
+        )
+    )
+    got = batches(
+        minato.DataLoader(
+            RangeDataset(), batch_size=5, shuffle=True, generator=gen(), num_workers=num_workers
+        )
+    )
     assert_same(got, expected)
 
 
 @pytest.mark.parametrize("num_workers", WORKERS)
 def test_shuffle_from_the_global_rng(num_workers) -> None:
-    got = compare_with_torch(RangeDataset, seed=7, batch_size=6, shuffle=True,
-                             num_workers=num_workers)
+    got = compare_with_torch(
+        RangeDataset, seed=7, batch_size=6, shuffle=True, num_workers=num_workers
+    )
     # And it consumes the global RNG as torch does: the next draw agrees too.
     torch.manual_seed(7)
     list(tud.DataLoader(RangeDataset(), batch_size=6, shuffle=True, num_workers=num_workers))
@@ -70,7 +78,8 @@ def test_custom_sampler(num_workers) -> None:
 def test_weighted_sampler_with_generator(num_workers) -> None:
     def loader(cls):
         sampler = tud.WeightedRandomSampler(
-            torch.linspace(0.1, 1, 37), 50, generator=torch.Generator().manual_seed(3))
+            torch.linspace(0.1, 1, 37), 50, generator=torch.Generator().manual_seed(3)
+        )
         return cls(RangeDataset(), sampler=sampler, batch_size=7, num_workers=num_workers)
 
     assert_same(batches(loader(minato.DataLoader)), batches(loader(tud.DataLoader)))
@@ -110,8 +119,9 @@ def test_getitems_is_used_like_torch(num_workers) -> None:
 @pytest.mark.parametrize("batch_size,drop_last", [(4, False), (4, True), (None, False)])
 def test_iterable_sharded_by_worker(num_workers, batch_size, drop_last) -> None:
     # Each worker owns a shard: with in_order the interleaving is torch's.
-    compare_with_torch(ShardedIterable, batch_size=batch_size, drop_last=drop_last,
-                       num_workers=num_workers)
+    compare_with_torch(
+        ShardedIterable, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers
+    )
 
 
 @pytest.mark.parametrize("num_workers", [1, 3])

@@ -38,7 +38,8 @@ def test_worker_exception_keeps_its_type_and_names_thread_and_sample() -> None:
     message = str(raised.value)
     assert message.startswith(
         "Caught ValueError in DataLoader worker thread 0 (sample index 6).\n"
-        "Original Traceback (most recent call last):\n")
+        "Original Traceback (most recent call last):\n"
+    )
     assert "bad sample" in message and "in __getitem__" in message
 
 

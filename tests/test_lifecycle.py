@@ -12,7 +12,13 @@ import threading
 import pytest
 import torch
 import torch.utils.data as tud
-from helpers import RangeDataset, ShardedIterable, assert_same, os_thread_count, wait_for_thread_count
+from helpers import (
+    RangeDataset,
+    ShardedIterable,
+    assert_same,
+    os_thread_count,
+    wait_for_thread_count,
+)
 
 import minato
 
@@ -67,10 +73,12 @@ def test_persistent_workers_reuse_the_iterator_and_threads() -> None:
 
 def test_persistent_workers_reiterate_the_sampler_so_set_epoch_applies() -> None:
     def run(cls):
-        sampler = tud.DistributedSampler(RangeDataset(20), num_replicas=2, rank=1, shuffle=True,
-                                         seed=3)
-        loader = cls(RangeDataset(20), sampler=sampler, batch_size=4, num_workers=2,
-                     persistent_workers=True)
+        sampler = tud.DistributedSampler(
+            RangeDataset(20), num_replicas=2, rank=1, shuffle=True, seed=3
+        )
+        loader = cls(
+            RangeDataset(20), sampler=sampler, batch_size=4, num_workers=2, persistent_workers=True
+        )
         out = []
         for epoch in range(3):
             sampler.set_epoch(epoch)
@@ -83,8 +91,9 @@ def test_persistent_workers_reiterate_the_sampler_so_set_epoch_applies() -> None
 
 
 def test_persistent_workers_start_a_new_epoch_cleanly_after_a_break() -> None:
-    loader = minato.DataLoader(RangeDataset(40), batch_size=4, num_workers=2,
-                               persistent_workers=True)
+    loader = minato.DataLoader(
+        RangeDataset(40), batch_size=4, num_workers=2, persistent_workers=True
+    )
     for i, _ in enumerate(loader):
         if i == 2:
             break
@@ -92,8 +101,9 @@ def test_persistent_workers_start_a_new_epoch_cleanly_after_a_break() -> None:
 
 
 def test_persistent_workers_restart_iterable_streams_each_epoch() -> None:
-    loader = minato.DataLoader(ShardedIterable(20), batch_size=3, num_workers=2,
-                               persistent_workers=True)
+    loader = minato.DataLoader(
+        ShardedIterable(20), batch_size=3, num_workers=2, persistent_workers=True
+    )
     expected = list(tud.DataLoader(ShardedIterable(20), batch_size=3, num_workers=2))
     for _ in range(3):
         assert_same(list(loader), expected)
@@ -119,8 +129,9 @@ def test_prefetch_factor_bounds_the_batches_in_flight(num_workers, prefetch_fact
             return i
 
     dataset = Counting()
-    loader = minato.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
-                               prefetch_factor=prefetch_factor)
+    loader = minato.DataLoader(
+        dataset, batch_size=batch_size, num_workers=num_workers, prefetch_factor=prefetch_factor
+    )
     consumed = 0
     for batch in loader:
         consumed += len(batch)
@@ -138,7 +149,8 @@ def test_worker_threads_overlap_while_they_wait() -> None:
     dataset = Gate(8)
     result = []
     consumer = threading.Thread(
-        target=lambda: result.extend(minato.DataLoader(dataset, batch_size=1, num_workers=4)))
+        target=lambda: result.extend(minato.DataLoader(dataset, batch_size=1, num_workers=4))
+    )
     consumer.start()
     # All four workers get inside __getitem__ at once: none holds the GIL while it waits.
     for _ in range(3000):
@@ -199,8 +211,8 @@ def test_threads_exit_after_break() -> None:
 def test_threads_exit_after_an_exception_in_the_consumer() -> None:
     before = os_thread_count()
     with pytest.raises(ZeroDivisionError):
-        for _ in minato.DataLoader(RangeDataset(100), batch_size=2, num_workers=3):
-            1 / 0
+        for batch in minato.DataLoader(RangeDataset(100), batch_size=2, num_workers=3):
+            batch.sum().item() / 0
     assert wait_for_thread_count(before) == before
 
 
@@ -219,8 +231,9 @@ def test_threads_exit_after_an_exception_in_a_worker() -> None:
 
 def test_threads_exit_on_del_loader_with_persistent_workers() -> None:
     before = os_thread_count()
-    loader = minato.DataLoader(RangeDataset(20), batch_size=2, num_workers=3,
-                               persistent_workers=True)
+    loader = minato.DataLoader(
+        RangeDataset(20), batch_size=2, num_workers=3, persistent_workers=True
+    )
     next(iter(loader))
     assert os_thread_count() == before + 3
     del loader
@@ -229,8 +242,9 @@ def test_threads_exit_on_del_loader_with_persistent_workers() -> None:
 
 def test_threads_exit_when_a_reference_cycle_is_collected() -> None:
     before = os_thread_count()
-    loader = minato.DataLoader(RangeDataset(20), batch_size=2, num_workers=2,
-                               persistent_workers=True)
+    loader = minato.DataLoader(
+        RangeDataset(20), batch_size=2, num_workers=2, persistent_workers=True
+    )
     next(iter(loader))
     loader.cycle = loader  # only the garbage collector can free it now
     del loader
@@ -240,8 +254,9 @@ def test_threads_exit_when_a_reference_cycle_is_collected() -> None:
 
 def test_lightning_style_iterator_reset_frees_the_threads() -> None:
     before = os_thread_count()
-    loader = minato.DataLoader(RangeDataset(20), batch_size=2, num_workers=2,
-                               persistent_workers=True)
+    loader = minato.DataLoader(
+        RangeDataset(20), batch_size=2, num_workers=2, persistent_workers=True
+    )
     next(iter(loader))
     loader._iterator = None
     assert wait_for_thread_count(before) == before
@@ -284,8 +299,9 @@ def test_interpreter_exit_with_live_workers_is_clean() -> None:
         next(plain)
         print("exiting", flush=True)
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "exiting"
     assert "Traceback" not in done.stderr

@@ -34,11 +34,29 @@ def test_in_order_attribute_keeps_the_value_given() -> None:
 
 
 def test_attributes_are_torchs() -> None:
-    kwargs = dict(batch_size=4, shuffle=True, num_workers=2, drop_last=True, timeout=3,
-                  persistent_workers=True)
-    ours, theirs = minato.DataLoader(RangeDataset(), **kwargs), tud.DataLoader(RangeDataset(), **kwargs)
-    for name in ("batch_size", "drop_last", "num_workers", "prefetch_factor", "timeout",
-                 "persistent_workers", "pin_memory", "generator", "collate_fn"):
+    kwargs = dict(
+        batch_size=4,
+        shuffle=True,
+        num_workers=2,
+        drop_last=True,
+        timeout=3,
+        persistent_workers=True,
+    )
+    ours, theirs = (
+        minato.DataLoader(RangeDataset(), **kwargs),
+        tud.DataLoader(RangeDataset(), **kwargs),
+    )
+    for name in (
+        "batch_size",
+        "drop_last",
+        "num_workers",
+        "prefetch_factor",
+        "timeout",
+        "persistent_workers",
+        "pin_memory",
+        "generator",
+        "collate_fn",
+    ):
         assert getattr(ours, name) == getattr(theirs, name), name
     assert type(ours.sampler) is type(theirs.sampler)
     assert type(ours.batch_sampler) is type(theirs.batch_sampler)
@@ -84,7 +102,9 @@ def test_invalid_arguments_raise_torchs_exception_and_message(dataset, kwargs) -
 )
 def test_frozen_attributes_refuse_assignment_like_torch(attr: str) -> None:
     loader = minato.DataLoader(RangeDataset())
-    with pytest.raises(ValueError, match=f"^{attr} attribute should not be set after DataLoader is initialized$"):
+    with pytest.raises(
+        ValueError, match=f"^{attr} attribute should not be set after DataLoader is initialized$"
+    ):
         setattr(loader, attr, None)
 
 
@@ -114,7 +134,9 @@ def test_len_matches_torch_for_iterable_and_batch_sampler(drop_last) -> None:
     it = minato.DataLoader(ShardedIterable(50), batch_size=8, drop_last=drop_last)
     assert len(it) == (50 // 8 if drop_last else math.ceil(50 / 8))
     batch_sampler = tud.BatchSampler(tud.RandomSampler(RangeDataset(10)), 3, drop_last)
-    assert len(minato.DataLoader(RangeDataset(10), batch_sampler=batch_sampler)) == len(batch_sampler)
+    assert len(minato.DataLoader(RangeDataset(10), batch_sampler=batch_sampler)) == len(
+        batch_sampler
+    )
 
 
 def test_len_of_iterable_without_len_raises_typeerror_like_torch() -> None:

@@ -58,8 +58,11 @@ def test_get_worker_info_is_per_thread_and_none_elsewhere() -> None:
     dataset = RecordingDataset(60)
     generator = torch.Generator().manual_seed(99)
     list(minato.DataLoader(dataset, batch_size=2, num_workers=3, generator=generator))
-    base_seed = torch.empty((), dtype=torch.int64).random_(
-        generator=torch.Generator().manual_seed(99)).item()
+    base_seed = (
+        torch.empty((), dtype=torch.int64)
+        .random_(generator=torch.Generator().manual_seed(99))
+        .item()
+    )
     by_thread: dict[int, set[int]] = {}
     for ident, info in dataset.seen.values():
         assert info is not None
@@ -77,8 +80,12 @@ def test_get_worker_info_is_per_thread_and_none_elsewhere() -> None:
 
 def test_seeds_come_from_the_generator_exactly_as_in_torch() -> None:
     def seeds(cls):
-        loader = cls(WorkerInfoDataset(8), batch_size=1, num_workers=2,
-                     generator=torch.Generator().manual_seed(5))
+        loader = cls(
+            WorkerInfoDataset(8),
+            batch_size=1,
+            num_workers=2,
+            generator=torch.Generator().manual_seed(5),
+        )
         return {(b["id"].item(), b["seed"].item()) for b in loader}
 
     assert seeds(minato.DataLoader) == seeds(tud.DataLoader)
@@ -96,8 +103,9 @@ def test_worker_rng_drives_thread_safe_generator() -> None:
             return info.id, torch.randint(0, 2**30, (1,), generator=generator).item()
 
     def draws(seed):
-        loader = minato.DataLoader(Draws(20), batch_size=None, num_workers=2,
-                                   generator=torch.Generator().manual_seed(seed))
+        loader = minato.DataLoader(
+            Draws(20), batch_size=None, num_workers=2, generator=torch.Generator().manual_seed(seed)
+        )
         return sorted((int(w), int(v)) for w, v in loader)
 
     assert torch.thread_safe_generator() is None
@@ -144,6 +152,7 @@ def test_torchs_own_loader_is_untouched_by_minato() -> None:
     # Worker processes still see their own info and still collate into shared memory.
     loader = tud.DataLoader(RichDataset(4), batch_size=2, num_workers=1)
     assert all(batch["tensor"].is_shared() for batch in loader)
-    infos = [b["id"].tolist() for b in tud.DataLoader(WorkerInfoDataset(4), batch_size=2,
-                                                      num_workers=2)]
+    infos = [
+        b["id"].tolist() for b in tud.DataLoader(WorkerInfoDataset(4), batch_size=2, num_workers=2)
+    ]
     assert sorted(x for ids in infos for x in ids) == [0, 0, 1, 1]
