@@ -1,6 +1,6 @@
 //! `minato._minato.Engine`: the engine as the Python iterator drives it.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
@@ -26,6 +26,21 @@ impl PyEngine {
         self.inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs a short, non-blocking `op` on the engine. When the lock is free
+    /// it runs with the GIL held: releasing the GIL would let a worker take
+    /// it, and the consumer would then wait for that worker's whole task.
+    fn quick<T: Send>(
+        &self,
+        py: Python<'_>,
+        op: impl FnOnce(&mut Engine<PythonWorker>) -> T + Send,
+    ) -> T {
+        match self.inner.try_lock() {
+            Ok(mut engine) => op(&mut engine),
+            Err(TryLockError::Poisoned(poisoned)) => op(&mut poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => py.detach(|| op(&mut self.engine())),
+        }
     }
 }
 
@@ -73,22 +88,22 @@ impl PyEngine {
 
     #[getter]
     fn num_workers(&self, py: Python<'_>) -> usize {
-        py.detach(|| self.engine().num_workers())
+        self.quick(py, |engine| engine.num_workers())
     }
 
     /// Whether `submit` accepts a payload now (the in-flight bound).
     fn can_submit(&self, py: Python<'_>) -> bool {
-        py.detach(|| self.engine().can_submit())
+        self.quick(py, |engine| engine.can_submit())
     }
 
     /// Submitted payloads of this epoch not yet delivered.
     fn pending(&self, py: Python<'_>) -> usize {
-        py.detach(|| self.engine().pending())
+        self.quick(py, |engine| engine.pending())
     }
 
     /// Queues a payload; False when every worker is exhausted for this epoch.
     fn submit(&self, py: Python<'_>, payload: Py<PyAny>) -> PyResult<bool> {
-        match py.detach(|| self.engine().submit(payload)) {
+        match self.quick(py, |engine| engine.submit(payload)) {
             Ok(()) => Ok(true),
             Err(EngineError::NoActiveWorker) => Ok(false),
             Err(err) => Err(LoaderError::from(err).into()),
@@ -101,6 +116,12 @@ impl PyEngine {
     #[pyo3(signature = (timeout))]
     fn next(&self, py: Python<'_>, timeout: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         let seconds: f64 = timeout.extract()?;
+        // An output already waiting is taken without giving up the GIL.
+        match self.quick(py, |engine| engine.recv(Duration::ZERO)) {
+            Ok(output) => return output,
+            Err(EngineError::WaitElapsed) => {}
+            Err(err) => return Err(LoaderError::from(err).into()),
+        }
         let deadline = (seconds > 0.0).then(|| Instant::now() + Duration::from_secs_f64(seconds));
         loop {
             let wait = deadline.map_or(SIGNAL_CHECK_INTERVAL, |deadline| {
