@@ -90,11 +90,13 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
 
     def _next_data(self) -> Any:
         while True:
-            self._submit_ready()
             try:
                 data = self._engine.next(self._timeout)
             except StopIteration:
-                if not self._sampler_done:
+                # Nothing pending. An iterable's exhausted workers may have
+                # freed slots while the sampler still has indices: refill.
+                self._submit_ready()
+                if self._engine.pending():
                     continue
                 if not self._persistent_workers:
                     self._shutdown(SHUTDOWN_GRACE_S)
@@ -103,6 +105,9 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
                 # Leave now: workers still inside the dataset finish on their own.
                 self._shutdown(0.0)
                 raise
+            # Refill before handing the batch over, as torch does: after k
+            # batches the sampler has been advanced exactly as far as torch's.
+            self._submit_ready()
             if isinstance(data, ExceptionWrapper):
                 data.reraise()
             if self._pin_memory:

@@ -154,3 +154,42 @@ def test_numpy_batches_become_tensors() -> None:
 
     got = compare_with_torch(Arrays, batch_size=3, num_workers=2)
     assert got[0].dtype == torch.float64 and got[0].shape == (3, 4)
+
+
+class CountingSampler(tud.Sampler):
+    """Sequential, counting how many indices were drawn."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.drawn = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.drawn += 1
+            yield i
+
+
+@pytest.mark.parametrize("num_workers,prefetch_factor", [(1, 1), (2, 2), (3, 3)])
+@pytest.mark.parametrize("taken", [1, 2, 5])
+def test_sampler_is_advanced_as_far_as_torchs(num_workers, prefetch_factor, taken) -> None:
+    def drawn_after(cls):
+        sampler = CountingSampler(100)
+        it = iter(
+            cls(
+                RangeDataset(100),
+                sampler=sampler,
+                batch_size=2,
+                num_workers=num_workers,
+                prefetch_factor=prefetch_factor,
+            )
+        )
+        for _ in range(taken):
+            next(it)
+        drawn = sampler.drawn
+        del it
+        return drawn
+
+    assert drawn_after(minato.DataLoader) == drawn_after(tud.DataLoader)
