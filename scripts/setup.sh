@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what minato needs on a fresh Debian machine and builds it:
+# system packages, a virtualenv in .venv with torch from PyPI, and minato
+# itself from this checkout (`pip install .`, through maturin).
+# Usage: bash scripts/setup.sh [extra]   e.g. `test` for the test tools.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+extra="${1:-}"
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# A C toolchain to link the extension, and venv support for the system Python.
+missing=()
+command -v cc >/dev/null || missing+=(build-essential)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
+python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv python3-dev)
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "==> apt-get install ${missing[*]}"
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+fi
+
+if ! command -v cargo >/dev/null; then
+    echo "error: minato builds with Rust >= 1.80; install a toolchain with rustup first." >&2
+    exit 1
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    echo "==> python3 -m venv .venv"
+    python3 -m venv .venv
+fi
+export VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH"
+echo "==> pip install torch and minato${extra:+ [$extra]}"
+python -m pip install -q --upgrade pip
+python -m pip install -q "torch>=2.11,<2.16" numpy
+python -m pip install -q ".${extra:+[$extra]}"
+python -c 'import minato, torch; print(f"minato {minato.__version__} on torch {torch.__version__}")'

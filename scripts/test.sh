@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs everything (see setup.sh), then runs every check: Rust format,
+# lints and tests, Python lints, the stub check, and the Python tests.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/setup.sh test
+export VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH" PYO3_PYTHON="$PWD/.venv/bin/python"
+
+echo "==> cargo fmt --check"
+cargo fmt --check
+echo "==> cargo clippy -- -D warnings"
+cargo clippy --all-features --all-targets -- -D warnings
+echo "==> cargo test"
+cargo test
+echo "==> ruff"
+ruff check .
+ruff format --check .
+echo "==> pytest"
+# The `pytest` script, not `python -m pytest`: the installed wheel is what
+# gets tested, not the source folder minato/ (which lacks the extension).
+pytest
