@@ -3,6 +3,8 @@
 from collections.abc import Callable
 from typing import Any, final
 
+__all__ = ["Engine"]
+
 @final
 class Engine:
     """Worker threads running ``make_worker(id)(epoch, payload)`` for each submitted payload."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything (see setup.sh), then runs every check: Rust format,
-# lints and tests, Python lints, the stub check, and the Python tests.
+# lints and tests, Python lints, the type-stub check, and the Python tests.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh test
@@ -15,6 +15,8 @@ cargo test
 echo "==> ruff"
 ruff check .
 ruff format --check .
+echo "==> stubtest"
+python -m mypy.stubtest minato._minato
 echo "==> pytest"
 # The `pytest` script, not `python -m pytest`: the installed wheel is what
 # gets tested, not the source folder minato/ (which lacks the extension).
