@@ -42,6 +42,10 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
 
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
+        self._engine: Engine | None = None
+        self._reset(loader, first_iter=True)
+
+    def _start_engine(self, loader: DataLoader) -> Engine:
         is_iterable = self._dataset_kind == _DatasetKind.Iterable
         spec = WorkerSpec(
             dataset=self._dataset,
@@ -53,7 +57,7 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
             base_seed=self._base_seed,
             worker_init_fn=loader.worker_init_fn,
         )
-        self._engine = Engine(
+        engine = Engine(
             worker_factory(spec),
             EXHAUSTED,
             num_workers=self._num_workers,
@@ -66,11 +70,15 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
             shutdown_grace=SHUTDOWN_GRACE_S,
         )
         _live_iterators.add(self)
-        self._reset(loader, first_iter=True)
+        return engine
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
-        if not first_iter:
+        if self._engine is None:
+            # First epoch, or a persistent iterator whose workers were stopped
+            # (Ctrl-C in a notebook): start them.
+            self._engine = self._start_engine(loader)
+        elif not first_iter:
             # A persistent iterator's next epoch: drop what is left of the last one.
             self._engine.new_epoch()
         self._sampler_done = False
@@ -89,6 +97,8 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
                 self._sampler_done = True
 
     def _next_data(self) -> Any:
+        if self._engine is None:
+            raise StopIteration  # finished or stopped, as torch's iterator stays
         while True:
             try:
                 data = self._engine.next(self._timeout)
@@ -117,8 +127,9 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
     def _shutdown(self, grace: float) -> None:
         engine = getattr(self, "_engine", None)
         if engine is not None:
-            engine.shutdown(grace)
+            self._engine = None
             _live_iterators.discard(self)
+            engine.shutdown(grace)
 
     def __del__(self) -> None:
         self._shutdown(SHUTDOWN_GRACE_S)

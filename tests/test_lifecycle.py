@@ -311,3 +311,25 @@ def test_get_worker_info_stays_none_on_the_main_thread_after_loading() -> None:
     list(minato.DataLoader(RangeDataset(10), batch_size=2, num_workers=2))
     assert tud.get_worker_info() is None
     assert not torch.empty(1).is_shared()
+
+
+def test_a_finished_iterator_keeps_raising_stopiteration() -> None:
+    it = iter(minato.DataLoader(RangeDataset(4), batch_size=2, num_workers=2))
+    assert len(list(it)) == 2
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_a_persistent_loader_works_again_after_keyboard_interrupt() -> None:
+    dataset = Gate(6)
+    loader = minato.DataLoader(dataset, batch_size=2, num_workers=2, persistent_workers=True)
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            list(loader)
+    finally:
+        timer.cancel()
+        dataset.open.set()
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]]
+    del loader
