@@ -34,4 +34,5 @@ echo "==> pip install torch and minato${extra:+ [$extra]}"
 python -m pip install -q --upgrade pip
 python -m pip install -q "torch>=2.11,<2.16" numpy
 python -m pip install -q ".${extra:+[$extra]}"
-python -c 'import minato, torch; print(f"minato {minato.__version__} on torch {torch.__version__}")'
+# From elsewhere: here, the source folder minato/ would shadow the installed package.
+(cd / && python -c 'import minato, torch; print(f"minato {minato.__version__} on torch {torch.__version__}")')
