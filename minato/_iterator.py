@@ -54,14 +54,14 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
             collate_fn=self._collate_fn,
             drop_last=self._drop_last,
             num_workers=self._num_workers,
-            base_seed=self._base_seed,
+            base_seed=int(self._base_seed),
             worker_init_fn=loader.worker_init_fn,
         )
         engine = Engine(
             worker_factory(spec),
             EXHAUSTED,
             num_workers=self._num_workers,
-            max_in_flight=max(1, loader.prefetch_factor * self._num_workers),
+            max_in_flight=max(1, (loader.prefetch_factor or 0) * self._num_workers),
             in_order=loader.in_order is not False,
             # Each worker owns a stream of an iterable dataset, so tasks go
             # to workers in turn, as in torch; map-style tasks go to
@@ -86,6 +86,8 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
 
     def _submit_ready(self) -> None:
         engine = self._engine
+        if engine is None:
+            return
         while not self._sampler_done and engine.can_submit():
             try:
                 index = self._next_index()

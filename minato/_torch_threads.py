@@ -64,7 +64,7 @@ def install() -> None:
     """Make get_worker_info per-thread and default_collate shm-free in threads. Idempotent."""
     get_worker_info = _worker.get_worker_info
     if get_worker_info.__code__ is not _per_thread_get_worker_info.__code__:
-        _worker._minato_thread_worker_info = thread_worker_info
+        setattr(_worker, "_minato_thread_worker_info", thread_worker_info)  # noqa: B010
         # Swapping the code keeps the function object, so every alias of it
         # (torch.utils.data.get_worker_info, ones users imported) changes too.
         get_worker_info.__code__ = _per_thread_get_worker_info.__code__

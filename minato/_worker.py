@@ -43,7 +43,7 @@ def _where(worker_id: int, index: object = None) -> str:
     return where if index is None else f"{where} (sample index {index})"
 
 
-def _thread_rng(base_seed: int, worker_id: int) -> object:
+def _thread_rng(base_seed: int, worker_id: int) -> Any:
     """Per-thread generators, seeded as torch seeds a worker process's globals."""
     seed = base_seed + worker_id
     generator = torch.Generator()

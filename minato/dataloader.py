@@ -72,7 +72,7 @@ class DataLoader(torch.utils.data.DataLoader):
             in_order=True if in_order is None else in_order,
         )
         # Kept as given: Lightning re-creates loaders from these attributes.
-        self.in_order = in_order
+        self.in_order = in_order  # type: ignore[assignment]  # torch declares bool
 
     def _get_iterator(self) -> torch.utils.data.dataloader._BaseDataLoaderIter:
         if self.num_workers == 0:

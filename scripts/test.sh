@@ -16,7 +16,8 @@ echo "==> ruff"
 ruff check .
 ruff format --check .
 echo "==> stubtest"
-python -m mypy.stubtest minato._minato
+# From elsewhere, so that the installed package (stubs and extension) is checked.
+(cd / && python -m mypy.stubtest minato._minato)
 echo "==> pytest"
 # The `pytest` script, not `python -m pytest`: the installed wheel is what
 # gets tested, not the source folder minato/ (which lacks the extension).
