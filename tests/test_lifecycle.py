@@ -280,7 +280,7 @@ def test_keyboard_interrupt_leaves_a_loop_blocked_on_a_stuck_sample() -> None:
     assert wait_for_thread_count(before) == before
 
 
-def test_interpreter_exit_with_live_workers_is_clean() -> None:
+def test_interpreter_exit_with_live_workers_is_clean(tmp_path) -> None:
     script = textwrap.dedent("""
         import threading, time
         import torch.utils.data as tud
@@ -299,8 +299,9 @@ def test_interpreter_exit_with_live_workers_is_clean() -> None:
         next(plain)
         print("exiting", flush=True)
     """)
+    # Run elsewhere, so that the installed package is imported, not the source folder.
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "exiting"
