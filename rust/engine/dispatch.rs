@@ -100,6 +100,7 @@ mod tests {
         Task {
             seq,
             epoch: 0,
+            samples: 1,
             payload: seq,
         }
     }

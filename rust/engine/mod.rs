@@ -5,9 +5,14 @@
 //! [`WorkerHooks`] implementation; the Python bindings supply one that calls
 //! into the user's dataset. Everything here is tested by `cargo test`.
 
+mod assembler;
 mod dispatch;
 mod error;
+mod fetch_times;
+mod monitor;
 mod pool;
+mod sample_scheduler;
+mod sample_timeout;
 mod scheduler;
 mod sequencer;
 mod task;
@@ -15,6 +20,8 @@ mod task;
 pub use dispatch::Dispatch;
 pub use error::EngineError;
 pub use pool::WorkerHooks;
+pub use sample_scheduler::{SampleEngine, SampleEngineConfig};
+pub use sample_timeout::SampleTimeout;
 pub use scheduler::{Engine, EngineConfig};
 pub use sequencer::Order;
 pub use task::Outcome;

@@ -1,9 +1,12 @@
-//! Worker threads: their loop, and a shutdown that never hangs on a stuck one.
+//! Worker threads: their loop, a pool that can grow while it runs (a
+//! replacement for a worker stuck on a slow sample) and shrink back, and a
+//! shutdown that never hangs on a stuck worker.
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -40,107 +43,214 @@ pub trait WorkerHooks: Send + Sync + 'static {
     ) -> Outcome<Self::Output>;
 }
 
-/// State shared by the consumer and every worker thread.
+/// A task a worker is running, as the timeout monitor sees it.
+struct Busy {
+    started: Instant,
+    samples: usize,
+    flagged_slow: bool,
+}
+
+/// Worker bookkeeping, behind one lock: it changes once or twice per task.
+struct PoolState {
+    /// Threads running their loop.
+    live: usize,
+    /// Of those, how many are running a task flagged slow.
+    flagged: usize,
+    /// How many workers should be free for fast tasks.
+    target: usize,
+    busy: HashMap<usize, Busy>,
+    next_worker_id: usize,
+    handles: Vec<JoinHandle<()>>,
+}
+
+/// State shared by the consumer, the monitor and every worker thread.
 pub(crate) struct PoolShared {
     /// Set once at shutdown: workers stop taking tasks.
     pub stop: AtomicBool,
     /// The consumer's current epoch: workers skip tasks of older ones.
     pub epoch: AtomicU64,
-    /// Worker threads still running their loop.
-    live: Mutex<usize>,
-    all_exited: Condvar,
+    state: Mutex<PoolState>,
+    a_worker_exited: Condvar,
 }
 
-/// Decrements the live count when a worker's loop ends, panic or not.
-struct LiveGuard(Arc<PoolShared>);
+impl PoolShared {
+    fn state(&self) -> MutexGuard<'_, PoolState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Counts a worker out of `live` when its loop ends, panic or not, unless
+/// it already counted itself out when it retired.
+struct LiveGuard {
+    shared: Arc<PoolShared>,
+    counted: bool,
+}
 
 impl Drop for LiveGuard {
     fn drop(&mut self) {
-        let mut live = self.0.live.lock().unwrap_or_else(|e| e.into_inner());
-        *live -= 1;
-        if *live == 0 {
-            self.0.all_exited.notify_all();
+        if self.counted {
+            self.shared.state().live -= 1;
         }
+        self.shared.a_worker_exited.notify_all();
     }
 }
 
 /// The worker threads of one engine.
-pub(crate) struct Pool {
+pub(crate) struct Pool<W: WorkerHooks> {
     pub shared: Arc<PoolShared>,
-    handles: Vec<JoinHandle<()>>,
+    hooks: Arc<W>,
+    results: Sender<Done<W::Output>>,
+    /// The queue every worker takes from, when there is one: workers added
+    /// while running take from it too.
+    shared_tasks: Option<Receiver<Task<W::Payload>>>,
 }
 
-impl Pool {
-    /// Starts one thread per task receiver; each sends its finished tasks to `results`.
-    pub fn spawn<W: WorkerHooks>(
-        hooks: Arc<W>,
+impl<W: WorkerHooks> Pool<W> {
+    /// Starts one thread per task receiver; each sends its finished tasks to
+    /// `results`. With a single receiver shared by all, the pool can grow.
+    pub fn start(
+        hooks: W,
         task_receivers: Vec<Receiver<Task<W::Payload>>>,
         results: Sender<Done<W::Output>>,
-    ) -> Result<Self, EngineError> {
-        let shared = Arc::new(PoolShared {
-            stop: AtomicBool::new(false),
-            epoch: AtomicU64::new(0),
-            live: Mutex::new(0),
-            all_exited: Condvar::new(),
-        });
-        let mut pool = Pool {
-            shared,
-            handles: Vec::with_capacity(task_receivers.len()),
+    ) -> Result<Arc<Self>, EngineError> {
+        let target = task_receivers.len();
+        let shared_tasks = match task_receivers.first() {
+            Some(first) if task_receivers.iter().all(|rx| rx.same_channel(first)) => {
+                Some(first.clone())
+            }
+            _ => None,
         };
-        for (worker_id, tasks) in task_receivers.into_iter().enumerate() {
-            *pool.shared.live.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-            let guard = LiveGuard(pool.shared.clone());
-            let hooks = hooks.clone();
-            let results = results.clone();
-            let spawned = thread::Builder::new()
-                .name(format!("minato-worker-{worker_id}"))
-                .spawn(move || worker_main(worker_id, &*hooks, &tasks, &results, guard));
-            match spawned {
-                Ok(handle) => pool.handles.push(handle),
-                Err(err) => {
-                    // The closure (and its guard) was dropped, so the count is right.
-                    pool.shutdown(Duration::ZERO);
-                    return Err(EngineError::Spawn(err.to_string()));
-                }
+        let pool = Arc::new(Pool {
+            shared: Arc::new(PoolShared {
+                stop: AtomicBool::new(false),
+                epoch: AtomicU64::new(0),
+                state: Mutex::new(PoolState {
+                    live: 0,
+                    flagged: 0,
+                    target,
+                    busy: HashMap::new(),
+                    next_worker_id: 0,
+                    handles: Vec::with_capacity(target),
+                }),
+                a_worker_exited: Condvar::new(),
+            }),
+            hooks: Arc::new(hooks),
+            results,
+            shared_tasks,
+        });
+        for tasks in task_receivers {
+            let spawned = pool.spawn_worker(&mut pool.shared.state(), tasks);
+            if let Err(err) = spawned {
+                pool.shutdown(Duration::ZERO);
+                return Err(err);
             }
         }
         Ok(pool)
     }
 
-    pub fn len(&self) -> usize {
-        self.handles.len()
+    fn spawn_worker(
+        &self,
+        state: &mut PoolState,
+        tasks: Receiver<Task<W::Payload>>,
+    ) -> Result<(), EngineError> {
+        let worker_id = state.next_worker_id;
+        let guard = LiveGuard {
+            shared: self.shared.clone(),
+            counted: true,
+        };
+        let hooks = self.hooks.clone();
+        let results = self.results.clone();
+        let spawned = thread::Builder::new()
+            .name(format!("minato-worker-{worker_id}"))
+            .spawn(move || worker_main(worker_id, &*hooks, &tasks, &results, guard));
+        match spawned {
+            Ok(handle) => {
+                state.live += 1;
+                state.next_worker_id += 1;
+                state.handles.push(handle);
+                Ok(())
+            }
+            // The closure, and its guard, were dropped: count it back in first.
+            Err(err) => {
+                state.live += 1;
+                Err(EngineError::Spawn(err.to_string()))
+            }
+        }
+    }
+
+    /// Threads currently running their loop.
+    pub fn live_workers(&self) -> usize {
+        self.shared.state().live
+    }
+
+    /// Flags every task that has run past `timeout` per sample as slow, and
+    /// for each starts a replacement worker while fewer than `max_slow` are
+    /// flagged, so that `target` workers stay free for fast tasks. A flagged
+    /// worker finishes its task and then leaves if the pool has grown past
+    /// its target. Returns how many replacements were started.
+    pub fn flag_overdue(&self, timeout: Duration, max_slow: usize) -> usize {
+        let Some(tasks) = &self.shared_tasks else {
+            return 0;
+        };
+        let mut state = self.shared.state();
+        let now = Instant::now();
+        let mut newly_flagged = 0;
+        for busy in state.busy.values_mut() {
+            let limit = timeout.saturating_mul(busy.samples.max(1) as u32);
+            if !busy.flagged_slow && now.duration_since(busy.started) > limit {
+                busy.flagged_slow = true;
+                newly_flagged += 1;
+            }
+        }
+        state.flagged += newly_flagged;
+        let mut started = 0;
+        while state.live - state.flagged < state.target
+            && state.flagged <= max_slow
+            && !self.shared.stop.load(Ordering::Acquire)
+        {
+            if self.spawn_worker(&mut state, tasks.clone()).is_err() {
+                break;
+            }
+            started += 1;
+        }
+        started
     }
 
     /// Stops the workers and joins them, waiting at most `grace` for a worker
     /// still inside a task (user code cannot be interrupted). Returns how many
     /// threads were left running; they exit on their own after their task.
     /// The caller must first close the task channels so idle workers wake up.
-    pub fn shutdown(&mut self, grace: Duration) -> usize {
+    pub fn shutdown(&self, grace: Duration) -> usize {
         self.shared.stop.store(true, Ordering::Release);
         let me = thread::current().id();
+        let mut state = self.shared.state();
         // A worker can end up here itself (a garbage collection run on a
         // worker thread drops the engine): it waits for the others only.
-        let on_worker = self.handles.iter().any(|handle| handle.thread().id() == me);
+        let on_worker = state
+            .handles
+            .iter()
+            .any(|handle| handle.thread().id() == me);
         let others_live = usize::from(on_worker);
         let deadline = Instant::now() + grace;
-        let all_exited = {
-            let mut live = self.shared.live.lock().unwrap_or_else(|e| e.into_inner());
-            while *live > others_live {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                live = self
-                    .shared
-                    .all_exited
-                    .wait_timeout(live, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+        while state.live > others_live {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
             }
-            *live == others_live
-        };
+            state = self
+                .shared
+                .a_worker_exited
+                .wait_timeout(state, left)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .0;
+        }
+        let all_exited = state.live == others_live;
+        let handles = std::mem::take(&mut state.handles);
+        drop(state);
         let mut left_running = 0;
-        for handle in self.handles.drain(..) {
+        for handle in handles {
             // Joining itself would deadlock; it leaves its loop when this returns.
             if handle.thread().id() == me {
                 continue;
@@ -160,9 +270,10 @@ fn worker_main<W: WorkerHooks>(
     hooks: &W,
     tasks: &Receiver<Task<W::Payload>>,
     results: &Sender<Done<W::Output>>,
-    live: LiveGuard,
+    mut live: LiveGuard,
 ) {
-    let shared = live.0.clone();
+    let shared = live.shared.clone();
+    let mut retired = false;
     hooks.enter_thread(worker_id, &mut || {
         let mut state = catch_unwind(AssertUnwindSafe(|| hooks.init(worker_id)))
             .map_err(|payload| panic_message(&*payload));
@@ -170,9 +281,16 @@ fn worker_main<W: WorkerHooks>(
             if shared.stop.load(Ordering::Acquire) {
                 break;
             }
+            let started = Instant::now();
             let finished = if task.epoch != shared.epoch.load(Ordering::Acquire) {
                 Finished::Cancelled
             } else {
+                let busy = Busy {
+                    started,
+                    samples: task.samples,
+                    flagged_slow: false,
+                };
+                shared.state().busy.insert(worker_id, busy);
                 match &mut state {
                     Err(message) => Finished::Panicked(message.clone()),
                     Ok(state) => catch_unwind(AssertUnwindSafe(|| {
@@ -184,18 +302,38 @@ fn worker_main<W: WorkerHooks>(
                     ),
                 }
             };
+            let elapsed = started.elapsed();
+            let slow = {
+                let mut pool = shared.state();
+                let flagged = pool
+                    .busy
+                    .remove(&worker_id)
+                    .is_some_and(|busy| busy.flagged_slow);
+                if flagged {
+                    pool.flagged -= 1;
+                    // A replacement took this worker's place: one of the two goes.
+                    if pool.live - pool.flagged > pool.target {
+                        pool.live -= 1;
+                        retired = true;
+                    }
+                }
+                flagged
+            };
             let done = Done {
                 seq: task.seq,
                 epoch: task.epoch,
                 worker: worker_id,
+                samples: task.samples,
+                elapsed,
+                slow,
                 finished,
             };
-            if results.send(done).is_err() {
+            if results.send(done).is_err() || retired {
                 break;
             }
         }
     });
-    drop(live);
+    live.counted = !retired;
 }
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {

@@ -30,7 +30,7 @@ pub struct EngineConfig {
 ///
 /// One consumer drives it (`&mut self`); the workers never touch this struct.
 pub struct Engine<W: WorkerHooks> {
-    pool: Pool,
+    pool: Arc<Pool<W>>,
     dispatcher: Dispatcher<W::Payload>,
     results: Receiver<Done<W::Output>>,
     sequencer: Sequencer<W::Output>,
@@ -52,7 +52,7 @@ impl<W: WorkerHooks> Engine<W> {
         // are undelivered, and `new_epoch` drains the old epoch's results
         // before new tasks go out: workers never block on this queue.
         let (result_tx, results) = bounded(max_in_flight);
-        let pool = Pool::spawn(Arc::new(hooks), receivers, result_tx)?;
+        let pool = Pool::start(hooks, receivers, result_tx)?;
         Ok(Engine {
             pool,
             dispatcher,
@@ -66,8 +66,9 @@ impl<W: WorkerHooks> Engine<W> {
         })
     }
 
+    /// Worker threads running now.
     pub fn num_workers(&self) -> usize {
-        self.pool.len()
+        self.pool.live_workers()
     }
 
     pub fn epoch(&self) -> u64 {
@@ -95,6 +96,7 @@ impl<W: WorkerHooks> Engine<W> {
         let task = Task {
             seq: self.next_seq,
             epoch: self.epoch(),
+            samples: 1,
             payload,
         };
         self.dispatcher.send(task)?;

@@ -1,11 +1,16 @@
 //! The messages that travel between the consumer and the workers.
 
+use std::time::Duration;
+
 /// One unit of work handed to a worker.
 pub(crate) struct Task<P> {
     /// Position in submission order; unique for the engine's lifetime.
     pub seq: u64,
     /// The epoch it was submitted in; a task of an older epoch is not run.
     pub epoch: u64,
+    /// How many samples the payload holds (1 for a batch-level task): the
+    /// slow-sample timeout scales with it.
+    pub samples: usize,
     pub payload: P,
 }
 
@@ -25,6 +30,11 @@ pub(crate) struct Done<R> {
     pub seq: u64,
     pub epoch: u64,
     pub worker: usize,
+    pub samples: usize,
+    /// How long the worker spent on it.
+    pub elapsed: Duration,
+    /// Whether it ran past the slow-sample timeout and was flagged.
+    pub slow: bool,
     pub finished: Finished<R>,
 }
 

@@ -1,0 +1,272 @@
+//! The sample-level engine: workers load samples, batches are assembled from
+//! whichever samples are ready, and workers stuck on slow samples are
+//! replaced while they finish.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
+
+use super::assembler::Assembler;
+use super::dispatch::{Dispatch, Dispatcher};
+use super::error::EngineError;
+use super::fetch_times::FetchTimes;
+use super::monitor::{store_timeout, Monitor, SharedTimeout};
+use super::pool::{Pool, WorkerHooks};
+use super::sample_timeout::{SampleTimeout, TimeoutEstimator};
+use super::task::{Done, Finished, Outcome, Task};
+
+/// How a sample engine is set up.
+#[derive(Debug, Clone)]
+pub struct SampleEngineConfig {
+    /// Workers kept free for fast samples.
+    pub num_workers: usize,
+    /// Most samples submitted and not yet delivered.
+    pub max_samples_in_flight: usize,
+    pub sample_timeout: SampleTimeout,
+    /// Most samples flagged slow and still running; at the bound no
+    /// replacement worker is started.
+    pub max_slow_in_flight: usize,
+    /// How long dropping the engine waits for a worker still inside a task.
+    pub shutdown_grace: Duration,
+}
+
+/// A task should take at least this long, so that the per-task cost
+/// (queues, a GIL hand-over) stays small next to the work: cheap samples go
+/// to workers in runs.
+const RUN_TARGET: Duration = Duration::from_micros(500);
+/// Longest run of samples in one task.
+const MAX_RUN: usize = 64;
+
+/// Runs one sample task per run of indices and hands back whole batches.
+///
+/// `W::run` gets a run of sample payloads and returns one output per payload.
+pub struct SampleEngine<P, S, W>
+where
+    W: WorkerHooks<Payload = Vec<P>, Output = Vec<S>>,
+{
+    pool: Arc<Pool<W>>,
+    monitor: Monitor,
+    dispatcher: Dispatcher<Vec<P>>,
+    results: Receiver<Done<Vec<S>>>,
+    assembler: Assembler<S>,
+    timeout: TimeoutEstimator,
+    shared_timeout: SharedTimeout,
+    fetch_times: FetchTimes,
+    max_samples_in_flight: usize,
+    /// Tasks submitted whose result has not been received yet, any epoch.
+    unreceived: usize,
+    next_seq: u64,
+    slow_samples: u64,
+    shutdown_grace: Duration,
+    /// Set when a worker panicked: the batches can no longer be completed.
+    broken: Option<EngineError>,
+    shut_down: bool,
+}
+
+impl<P, S, W> SampleEngine<P, S, W>
+where
+    W: WorkerHooks<Payload = Vec<P>, Output = Vec<S>>,
+{
+    pub fn start(config: SampleEngineConfig, hooks: W) -> Result<Self, EngineError> {
+        let workers = config.num_workers.max(1);
+        let max_samples = config.max_samples_in_flight.max(1);
+        // Every task holds at least one sample, so tasks in flight never
+        // outnumber samples in flight: queues of that size never fill.
+        let (dispatcher, receivers) = Dispatcher::new(Dispatch::Shared, workers, max_samples);
+        let (result_tx, results) = bounded(max_samples);
+        let pool = Pool::start(hooks, receivers, result_tx)?;
+        let shared_timeout = Arc::new(AtomicU64::new(0));
+        let timeout = TimeoutEstimator::new(config.sample_timeout);
+        store_timeout(&shared_timeout, timeout.current());
+        let monitor = Monitor::start(
+            pool.clone(),
+            shared_timeout.clone(),
+            config.max_slow_in_flight,
+        )?;
+        Ok(SampleEngine {
+            pool,
+            monitor,
+            dispatcher,
+            results,
+            assembler: Assembler::new(),
+            timeout,
+            shared_timeout,
+            fetch_times: FetchTimes::new(256),
+            max_samples_in_flight: max_samples,
+            unreceived: 0,
+            next_seq: 0,
+            slow_samples: 0,
+            shutdown_grace: config.shutdown_grace,
+            broken: None,
+            shut_down: false,
+        })
+    }
+
+    /// Worker threads running now, replacements included.
+    pub fn num_workers(&self) -> usize {
+        self.pool.live_workers()
+    }
+
+    /// The slow-sample timeout now; None while warming up or when off.
+    pub fn sample_timeout(&self) -> Option<Duration> {
+        self.timeout.current()
+    }
+
+    /// Samples flagged slow so far.
+    pub fn slow_samples(&self) -> u64 {
+        self.slow_samples
+    }
+
+    fn epoch(&self) -> u64 {
+        self.pool.shared.epoch.load(Ordering::Acquire)
+    }
+
+    /// Whether another batch may be submitted now (the in-flight bound).
+    pub fn can_submit(&self) -> bool {
+        !self.shut_down && self.assembler.samples_in_flight() < self.max_samples_in_flight
+    }
+
+    /// Batches of this epoch submitted and not yet delivered.
+    pub fn pending(&self) -> usize {
+        self.assembler.pending_batches()
+    }
+
+    /// Samples per task: one when samples are slow enough to be worth a
+    /// task each, a run of them when they are cheap.
+    fn run_length(&self) -> usize {
+        match self.fetch_times.percentile(0.5) {
+            Some(p50) if !p50.is_zero() => {
+                let run = RUN_TARGET.as_nanos() / p50.as_nanos();
+                usize::try_from(run).unwrap_or(MAX_RUN).clamp(1, MAX_RUN)
+            }
+            Some(_) => MAX_RUN,
+            None => 1,
+        }
+    }
+
+    /// Queues one batch's samples; the batch delivered in its place has the
+    /// same size, built from whichever samples are ready first.
+    pub fn submit(&mut self, batch: Vec<P>) -> Result<(), EngineError> {
+        if self.shut_down {
+            return Err(EngineError::ShutDown);
+        }
+        if !self.can_submit() {
+            return Err(EngineError::Full);
+        }
+        let run_length = self.run_length();
+        let epoch = self.epoch();
+        self.assembler.planned(batch.len());
+        let mut samples = batch.into_iter().peekable();
+        while samples.peek().is_some() {
+            let run: Vec<P> = samples.by_ref().take(run_length).collect();
+            let task = Task {
+                seq: self.next_seq,
+                epoch,
+                samples: run.len(),
+                payload: run,
+            };
+            self.dispatcher.send(task)?;
+            self.next_seq += 1;
+            self.unreceived += 1;
+        }
+        Ok(())
+    }
+
+    /// The next batch, waiting at most `wait` for enough samples.
+    pub fn recv(&mut self, wait: Duration) -> Result<Vec<S>, EngineError> {
+        if self.shut_down {
+            return Err(EngineError::ShutDown);
+        }
+        loop {
+            if let Some(err) = &self.broken {
+                return Err(err.clone());
+            }
+            if let Some(batch) = self.assembler.pop_batch() {
+                return Ok(batch);
+            }
+            if self.assembler.pending_batches() == 0 {
+                return Err(EngineError::Idle);
+            }
+            let done = match self.results.recv_timeout(wait) {
+                Ok(done) => done,
+                Err(RecvTimeoutError::Timeout) => return Err(EngineError::WaitElapsed),
+                Err(RecvTimeoutError::Disconnected) => return Err(EngineError::WorkersGone),
+            };
+            self.accept(done);
+        }
+    }
+
+    fn accept(&mut self, done: Done<Vec<S>>) {
+        self.unreceived -= 1;
+        if done.epoch != self.epoch() {
+            return;
+        }
+        match done.finished {
+            Finished::Ran(Outcome::Value(samples)) if samples.len() == done.samples => {
+                let per_sample = done.elapsed / done.samples.max(1) as u32;
+                self.fetch_times.record(per_sample);
+                self.timeout.record(per_sample, done.samples, done.slow);
+                store_timeout(&self.shared_timeout, self.timeout.current());
+                if done.slow {
+                    self.slow_samples += done.samples as u64;
+                }
+                self.assembler.finished(samples, done.slow);
+            }
+            Finished::Ran(_) | Finished::Cancelled => {
+                self.broken = Some(EngineError::WorkerPanicked {
+                    worker: done.worker,
+                    message: "a sample task returned the wrong number of samples".to_owned(),
+                });
+            }
+            Finished::Panicked(message) => {
+                self.broken = Some(EngineError::WorkerPanicked {
+                    worker: done.worker,
+                    message,
+                });
+            }
+        }
+    }
+
+    /// Ends the current epoch; see [`super::Engine::new_epoch`].
+    pub fn new_epoch(&mut self) -> Result<(), EngineError> {
+        if self.shut_down {
+            return Err(EngineError::ShutDown);
+        }
+        self.pool.shared.epoch.fetch_add(1, Ordering::AcqRel);
+        while self.unreceived > 0 {
+            match self.results.recv() {
+                Ok(_) => self.unreceived -= 1,
+                Err(_) => return Err(EngineError::WorkersGone),
+            }
+        }
+        self.assembler.clear();
+        Ok(())
+    }
+
+    /// Stops the monitor and the workers; see [`super::Engine::shutdown`].
+    pub fn shutdown(&mut self, grace: Duration) -> usize {
+        if self.shut_down {
+            return 0;
+        }
+        self.shut_down = true;
+        self.monitor.stop();
+        self.dispatcher.close();
+        self.pool.shutdown(grace)
+    }
+
+    /// [`Self::shutdown`] with the configured `shutdown_grace`.
+    pub fn shutdown_with_default_grace(&mut self) -> usize {
+        self.shutdown(self.shutdown_grace)
+    }
+}
+
+impl<P, S, W> Drop for SampleEngine<P, S, W>
+where
+    W: WorkerHooks<Payload = Vec<P>, Output = Vec<S>>,
+{
+    fn drop(&mut self) {
+        self.shutdown_with_default_grace();
+    }
+}

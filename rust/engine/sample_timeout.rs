@@ -1,0 +1,166 @@
+//! The per-sample timeout past which a sample is flagged slow.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::fetch_times::FetchTimes;
+
+/// How the slow-sample timeout is chosen.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SampleTimeout {
+    /// No sample is ever flagged slow.
+    Off,
+    /// A fixed timeout per sample.
+    Fixed(Duration),
+    /// Estimated while running (MinatoLoader §4.2): after `warmup` samples
+    /// the 75th percentile of recent fetch times, the 90th for a while when
+    /// too many samples get flagged, re-estimated as the workload drifts.
+    Auto { warmup: u64 },
+}
+
+/// Recent fetch times this many samples long feed the estimate.
+const WINDOW: usize = 1024;
+/// Re-estimate after this many more samples.
+const UPDATE_EVERY: u64 = 32;
+/// The 75th percentile should flag about a quarter of the samples; past
+/// this fraction, flagging has stopped singling out outliers.
+const TOO_MANY_SLOW: f64 = 0.4;
+/// Updates spent on the 90th percentile before trying the 75th again.
+const HIGH_PERCENTILE_UPDATES: u32 = 8;
+/// Recent samples over which the flagged fraction is measured.
+const FLAGGED_WINDOW: usize = 256;
+
+/// Keeps the current timeout from the fetch times workers report.
+pub(crate) struct TimeoutEstimator {
+    policy: SampleTimeout,
+    times: FetchTimes,
+    flagged: VecDeque<bool>,
+    flagged_count: usize,
+    since_update: u64,
+    high_percentile_updates_left: u32,
+    current: Option<Duration>,
+}
+
+impl TimeoutEstimator {
+    pub fn new(policy: SampleTimeout) -> Self {
+        let current = match policy {
+            SampleTimeout::Fixed(timeout) => Some(timeout),
+            _ => None,
+        };
+        TimeoutEstimator {
+            policy,
+            times: FetchTimes::new(WINDOW),
+            flagged: VecDeque::with_capacity(FLAGGED_WINDOW),
+            flagged_count: 0,
+            since_update: 0,
+            high_percentile_updates_left: 0,
+            current,
+        }
+    }
+
+    /// The timeout per sample now; None while warming up or when off.
+    pub fn current(&self) -> Option<Duration> {
+        self.current
+    }
+
+    /// Records `samples` samples that took `per_sample` each; `slow` when flagged.
+    pub fn record(&mut self, per_sample: Duration, samples: usize, slow: bool) {
+        for _ in 0..samples {
+            self.times.record(per_sample);
+            if self.flagged.len() == FLAGGED_WINDOW && self.flagged.pop_front() == Some(true) {
+                self.flagged_count -= 1;
+            }
+            self.flagged.push_back(slow);
+            self.flagged_count += usize::from(slow);
+        }
+        self.since_update += samples as u64;
+        if let SampleTimeout::Auto { warmup } = self.policy {
+            let warmed_up = self.times.recorded() >= warmup.max(1);
+            if warmed_up && (self.current.is_none() || self.since_update >= UPDATE_EVERY) {
+                self.update();
+            }
+        }
+    }
+
+    /// The share of recent samples that were flagged slow.
+    pub fn flagged_fraction(&self) -> f64 {
+        if self.flagged.is_empty() {
+            0.0
+        } else {
+            self.flagged_count as f64 / self.flagged.len() as f64
+        }
+    }
+
+    fn update(&mut self) {
+        self.since_update = 0;
+        if self.flagged.len() >= FLAGGED_WINDOW / 4 && self.flagged_fraction() > TOO_MANY_SLOW {
+            self.high_percentile_updates_left = HIGH_PERCENTILE_UPDATES;
+        }
+        let quantile = if self.high_percentile_updates_left > 0 {
+            self.high_percentile_updates_left -= 1;
+            0.90
+        } else {
+            0.75
+        };
+        self.current = self.times.percentile(quantile);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn off_and_fixed_never_change() {
+        let mut off = TimeoutEstimator::new(SampleTimeout::Off);
+        let mut fixed = TimeoutEstimator::new(SampleTimeout::Fixed(ms(5)));
+        for _ in 0..500 {
+            off.record(ms(1), 1, false);
+            fixed.record(ms(100), 1, true);
+        }
+        assert_eq!(off.current(), None);
+        assert_eq!(fixed.current(), Some(ms(5)));
+    }
+
+    #[test]
+    fn auto_waits_for_the_warmup_then_takes_the_75th_percentile() {
+        let mut auto = TimeoutEstimator::new(SampleTimeout::Auto { warmup: 100 });
+        for n in 0..99 {
+            auto.record(ms(n % 100 + 1), 1, false);
+        }
+        assert_eq!(auto.current(), None);
+        auto.record(ms(100), 1, false);
+        assert_eq!(auto.current(), Some(ms(75)));
+    }
+
+    #[test]
+    fn auto_falls_back_to_the_90th_percentile_when_too_many_are_flagged() {
+        let mut auto = TimeoutEstimator::new(SampleTimeout::Auto { warmup: 100 });
+        for n in 0..100 {
+            auto.record(ms(n + 1), 1, false);
+        }
+        assert_eq!(auto.current(), Some(ms(75)));
+        for n in 0..100 {
+            auto.record(ms(n + 1), 1, true);
+        }
+        let timeout = auto.current().unwrap();
+        assert!(timeout >= ms(85) && timeout <= ms(90), "{timeout:?}");
+    }
+
+    #[test]
+    fn auto_follows_a_drifting_workload() {
+        let mut auto = TimeoutEstimator::new(SampleTimeout::Auto { warmup: 10 });
+        for _ in 0..WINDOW {
+            auto.record(ms(10), 1, false);
+        }
+        assert_eq!(auto.current(), Some(ms(10)));
+        for _ in 0..WINDOW {
+            auto.record(ms(40), 1, false);
+        }
+        assert_eq!(auto.current(), Some(ms(40)));
+    }
+}
