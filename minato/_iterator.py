@@ -10,7 +10,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
-from minato._minato import Engine
+from minato._minato import Engine, SampleEngine
 from minato._worker import EXHAUSTED, WorkerSpec, worker_factory
 
 if TYPE_CHECKING:
@@ -40,16 +40,17 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
     engine bounds the work in flight to ``prefetch_factor * num_workers``.
     """
 
-    def __init__(self, loader: DataLoader) -> None:
+
+    def __init__(self, loader: DataLoader, *, in_order: bool = True) -> None:
+        self._in_order = in_order
+        self._engine: Engine | SampleEngine | None = None
         super().__init__(loader)
-        self._engine: Engine | None = None
         self._reset(loader, first_iter=True)
 
-    def _start_engine(self, loader: DataLoader) -> Engine:
-        is_iterable = self._dataset_kind == _DatasetKind.Iterable
-        spec = WorkerSpec(
+    def _worker_spec(self, loader: DataLoader) -> WorkerSpec:
+        return WorkerSpec(
             dataset=self._dataset,
-            is_iterable=is_iterable,
+            is_iterable=self._dataset_kind == _DatasetKind.Iterable,
             auto_collation=self._auto_collation,
             collate_fn=self._collate_fn,
             drop_last=self._drop_last,
@@ -57,20 +58,30 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
             base_seed=int(self._base_seed),
             worker_init_fn=loader.worker_init_fn,
         )
-        engine = Engine(
+
+    def _batches_in_flight(self, loader: DataLoader) -> int:
+        return max(1, (loader.prefetch_factor or 0) * self._num_workers)
+
+    def _start_engine(self, loader: DataLoader) -> Engine | SampleEngine:
+        spec = self._worker_spec(loader)
+        return Engine(
             worker_factory(spec),
             EXHAUSTED,
             num_workers=self._num_workers,
-            max_in_flight=max(1, (loader.prefetch_factor or 0) * self._num_workers),
-            in_order=loader.in_order is not False,
+            max_in_flight=self._batches_in_flight(loader),
+            in_order=self._in_order,
             # Each worker owns a stream of an iterable dataset, so tasks go
             # to workers in turn, as in torch; map-style tasks go to
             # whichever worker is free.
-            round_robin=is_iterable,
+            round_robin=spec.is_iterable,
             shutdown_grace=SHUTDOWN_GRACE_S,
         )
-        _live_iterators.add(self)
-        return engine
+
+    def _to_batch(self, data: Any) -> Any:
+        """What the engine delivered, as the batch to yield."""
+        if isinstance(data, ExceptionWrapper):
+            data.reraise()
+        return data
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
@@ -78,6 +89,7 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
             # First epoch, or a persistent iterator whose workers were stopped
             # (Ctrl-C in a notebook): start them.
             self._engine = self._start_engine(loader)
+            _live_iterators.add(self)
         elif not first_iter:
             # A persistent iterator's next epoch: drop what is left of the last one.
             self._engine.new_epoch()
@@ -120,8 +132,7 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
             # Refill before handing the batch over, as torch does: after k
             # batches the sampler has been advanced exactly as far as torch's.
             self._submit_ready()
-            if isinstance(data, ExceptionWrapper):
-                data.reraise()
+            data = self._to_batch(data)
             if self._pin_memory:
                 data = pin_memory(data, self._pin_memory_device)
             return data
@@ -135,3 +146,36 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
 
     def __del__(self) -> None:
         self._shutdown(SHUTDOWN_GRACE_S)
+
+
+class _SampleDataLoaderIter(_ThreadDataLoaderIter):
+    """Builds each batch from whichever samples are ready first.
+
+    Workers load single samples (runs of them when samples are cheap); a
+    batch of the sampler's next size is assembled from finished samples, fast
+    ones first, and collated here. A sample running past the per-sample
+    timeout is flagged slow: it finishes in the background, lands in a later
+    batch, and a replacement worker keeps the fast samples flowing.
+    """
+
+    def _start_engine(self, loader: DataLoader) -> Engine | SampleEngine:
+        batch_size = loader.batch_size or 1
+        return SampleEngine(
+            worker_factory(self._worker_spec(loader), samples=True),
+            num_workers=self._num_workers,
+            max_samples_in_flight=self._batches_in_flight(loader) * batch_size,
+            sample_timeout=loader.sample_timeout,
+            timeout_warmup=loader.sample_timeout_warmup,
+            max_slow_in_flight=(
+                self._num_workers
+                if loader.max_slow_samples is None
+                else loader.max_slow_samples
+            ),
+            shutdown_grace=SHUTDOWN_GRACE_S,
+        )
+
+    def _to_batch(self, data: Any) -> Any:
+        for sample in data:
+            if isinstance(sample, ExceptionWrapper):
+                sample.reraise()
+        return self._collate_fn(data)

@@ -64,8 +64,15 @@ def _thread_rng(base_seed: int, worker_id: int) -> Any:
     return rng_type(**fields) if rng_type is not None else types.SimpleNamespace(**fields)
 
 
-def worker_factory(spec: WorkerSpec) -> Callable[[int], Callable[[int, Any], Any]]:
-    """The `make_worker` the engine calls on each new worker thread."""
+def worker_factory(
+    spec: WorkerSpec, *, samples: bool = False
+) -> Callable[[int], Callable[[int, Any], Any]]:
+    """The `make_worker` the engine calls on each new worker thread.
+
+    Its `run(epoch, index)` loads one batch (the index list torch's batch
+    sampler gave) and collates it, or, with `samples`, loads a run of single
+    samples and returns them uncollated, one output per index.
+    """
 
     def make_worker(worker_id: int) -> Callable[[int, Any], Any]:
         info = _torch_worker.WorkerInfo(
@@ -88,7 +95,7 @@ def worker_factory(spec: WorkerSpec) -> Callable[[int], Callable[[int, Any], Any
         except Exception:
             init_error = ExceptionWrapper(where=_where(worker_id))
 
-        def run(epoch: int, index: Any) -> Any:
+        def failure() -> ExceptionWrapper | None:
             nonlocal init_error
             if init_error is not None:
                 error, init_error = init_error, None
@@ -98,9 +105,23 @@ def worker_factory(spec: WorkerSpec) -> Callable[[int], Callable[[int, Any], Any
                     exc_info=(RuntimeError, RuntimeError("worker set-up failed"), None),
                     where=_where(worker_id),
                 )
+            return None
+
+        def run(epoch: int, index: Any) -> Any:
+            error = failure()
+            if error is not None:
+                return error
+            assert fetcher is not None
             return fetcher.fetch(epoch, index)
 
-        return run
+        def run_samples(epoch: int, indices: list[Any]) -> list[Any]:
+            error = failure()
+            if error is not None:
+                return [error] * len(indices)
+            assert isinstance(fetcher, _MapFetcher)
+            return fetcher.fetch_samples(indices)
+
+        return run_samples if samples else run
 
     return make_worker
 
@@ -137,6 +158,22 @@ class _MapFetcher:
             return self.collate_fn(data)
         except Exception:
             return ExceptionWrapper(where=_where(self.worker_id))
+
+    def fetch_samples(self, indices: list[Any]) -> list[Any]:
+        """Single samples, uncollated; a failing one becomes its ExceptionWrapper."""
+        if self.getitems is not None:
+            try:
+                return list(self.getitems(indices))
+            except Exception:
+                return [ExceptionWrapper(where=_where(self.worker_id, indices))] * len(indices)
+        dataset = self.dataset
+        samples = []
+        for i in indices:
+            try:
+                samples.append(dataset[i])
+            except Exception:
+                samples.append(ExceptionWrapper(where=_where(self.worker_id, i)))
+        return samples
 
 
 class _IterableFetcher:

@@ -8,7 +8,22 @@ from typing import Any
 import torch.utils.data
 from torch.utils.data import Dataset, Sampler
 
-from minato._iterator import _ThreadDataLoaderIter
+from minato._iterator import _SampleDataLoaderIter, _ThreadDataLoaderIter
+
+# Samples profiled before sample_timeout="auto" sets its first timeout.
+DEFAULT_TIMEOUT_WARMUP = 64
+
+
+def sampler_shuffles(sampler: object) -> bool:
+    """Whether a sampler draws its indices in random order: torch's random
+    samplers, and any sampler with a true ``shuffle`` attribute (as
+    DistributedSampler has) — a custom sampler declares it that way."""
+    random_samplers = (
+        torch.utils.data.RandomSampler,
+        torch.utils.data.SubsetRandomSampler,
+        torch.utils.data.WeightedRandomSampler,
+    )
+    return isinstance(sampler, random_samplers) or getattr(sampler, "shuffle", False) is True
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -51,7 +66,14 @@ class DataLoader(torch.utils.data.DataLoader):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool | None = None,
+        sample_timeout: float | str | None = "auto",
+        sample_timeout_warmup: int = DEFAULT_TIMEOUT_WARMUP,
+        max_slow_samples: int | None = None,
     ) -> None:
+        _check_minato_options(sample_timeout, sample_timeout_warmup, max_slow_samples)
+        # Set before torch's constructor, whose validation may raise: whether
+        # the user chose the batches decides how far they may be reordered.
+        self._batch_sampler_given = batch_sampler is not None
         super().__init__(
             dataset,
             batch_size,
@@ -73,14 +95,69 @@ class DataLoader(torch.utils.data.DataLoader):
         )
         # Kept as given: Lightning re-creates loaders from these attributes.
         self.in_order = in_order  # type: ignore[assignment]  # torch declares bool
+        self.sample_timeout = sample_timeout
+        self.sample_timeout_warmup = sample_timeout_warmup
+        self.max_slow_samples = max_slow_samples
+
+    def reorders(self) -> bool:
+        """Whether batches may leave the sampler's order: ``in_order=False``,
+        or ``in_order=None`` with a shuffling sampler (evaluation loops with a
+        sequential sampler often rely on the order, so it is kept)."""
+        if self.in_order is not None:
+            return not self.in_order
+        return sampler_shuffles(self.sampler)
 
     def _get_iterator(self) -> torch.utils.data.dataloader._BaseDataLoaderIter:
         if self.num_workers == 0:
             return super()._get_iterator()
-        return _ThreadDataLoaderIter(self)
+        if not self.reorders():
+            return _ThreadDataLoaderIter(self, in_order=True)
+        samples_may_move = (
+            self._auto_collation
+            and not self._batch_sampler_given
+            and not isinstance(self.dataset, torch.utils.data.IterableDataset)
+        )
+        if samples_may_move:
+            return _SampleDataLoaderIter(self)
+        # A user's batch_sampler decides each batch's composition, an
+        # iterable dataset's workers decide theirs: only whole batches move.
+        return _ThreadDataLoaderIter(self, in_order=False)
 
     def check_worker_number_rationality(self) -> None:
         # torch warns when worker processes outnumber the cores. Threads that
         # wait on I/O or run GIL-free code are worth having beyond the core
         # count, so minato does not warn.
         return None
+
+
+def _check_minato_options(
+    sample_timeout: object, sample_timeout_warmup: object, max_slow_samples: object
+) -> None:
+    if sample_timeout is not None and sample_timeout != "auto":
+        if isinstance(sample_timeout, bool) or not isinstance(sample_timeout, (int, float)):
+            raise TypeError(
+                f'sample_timeout should be "auto", a number of seconds or None, '
+                f"but got sample_timeout={sample_timeout!r}"
+            )
+        if not sample_timeout > 0:
+            raise ValueError(
+                f"sample_timeout option should be positive, but got sample_timeout={sample_timeout}"
+            )
+    if (
+        isinstance(sample_timeout_warmup, bool)
+        or not isinstance(sample_timeout_warmup, int)
+        or sample_timeout_warmup < 1
+    ):
+        raise ValueError(
+            "sample_timeout_warmup option should be a positive integer, "
+            f"but got sample_timeout_warmup={sample_timeout_warmup!r}"
+        )
+    if max_slow_samples is not None and (
+        isinstance(max_slow_samples, bool)
+        or not isinstance(max_slow_samples, int)
+        or max_slow_samples < 0
+    ):
+        raise ValueError(
+            "max_slow_samples option should be a non-negative integer or None, "
+            f"but got max_slow_samples={max_slow_samples!r}"
+        )

@@ -62,13 +62,14 @@ def compare_with_torch(
     **kwargs: Any,
 ) -> list[Any]:
     """Runs the same loader through torch and minato (from the same RNG state) and
-    asserts identical batches; returns minato's."""
+    asserts identical batches; returns minato's. minato gets in_order=True
+    unless told otherwise: torch's exact order."""
     if seed is not None:
         torch.manual_seed(seed)
     expected = batches(tud.DataLoader(make_dataset(), **kwargs))
     if seed is not None:
         torch.manual_seed(seed)
-    got = batches(minato.DataLoader(make_dataset(), **kwargs))
+    got = batches(minato.DataLoader(make_dataset(), **{"in_order": True, **kwargs}))
     assert len(got) == len(expected)
     for i, (x, y) in enumerate(zip(got, expected, strict=True)):
         assert_same(x, y, f"batch {i}")

@@ -77,7 +77,12 @@ def test_persistent_workers_reiterate_the_sampler_so_set_epoch_applies() -> None
             RangeDataset(20), num_replicas=2, rank=1, shuffle=True, seed=3
         )
         loader = cls(
-            RangeDataset(20), sampler=sampler, batch_size=4, num_workers=2, persistent_workers=True
+            RangeDataset(20),
+            sampler=sampler,
+            batch_size=4,
+            num_workers=2,
+            persistent_workers=True,
+            in_order=True,
         )
         out = []
         for epoch in range(3):

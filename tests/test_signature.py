@@ -21,11 +21,50 @@ def test_is_a_subclass_of_torchs_dataloader() -> None:
 def test_signature_matches_torch_except_in_order_default() -> None:
     ours = inspect.signature(minato.DataLoader.__init__).parameters
     theirs = inspect.signature(tud.DataLoader.__init__).parameters
-    assert list(ours) == list(theirs)
+    assert list(ours)[: len(theirs)] == list(theirs)
     for name, param in theirs.items():
         assert ours[name].kind == param.kind, name
         expected_default = None if name == "in_order" else param.default
         assert ours[name].default == expected_default, name
+
+
+MINATO_OPTIONS = {"sample_timeout": "auto", "sample_timeout_warmup": 64, "max_slow_samples": None}
+
+
+def test_minato_options_come_after_torchs_keyword_only_and_are_public_attributes() -> None:
+    params = inspect.signature(minato.DataLoader.__init__).parameters
+    theirs = inspect.signature(tud.DataLoader.__init__).parameters
+    extra = {name: p for name, p in params.items() if name not in theirs}
+    assert list(extra) == list(MINATO_OPTIONS)
+    for name, param in extra.items():
+        assert param.kind == inspect.Parameter.KEYWORD_ONLY
+        assert param.default == MINATO_OPTIONS[name]
+    loader = minato.DataLoader(
+        RangeDataset(), sample_timeout=0.5, sample_timeout_warmup=10, max_slow_samples=3
+    )
+    assert (loader.sample_timeout, loader.sample_timeout_warmup, loader.max_slow_samples) == (
+        0.5,
+        10,
+        3,
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs,error",
+    [
+        (dict(sample_timeout="fast"), TypeError),
+        (dict(sample_timeout=0), ValueError),
+        (dict(sample_timeout=-1.5), ValueError),
+        (dict(sample_timeout=True), TypeError),
+        (dict(sample_timeout_warmup=0), ValueError),
+        (dict(sample_timeout_warmup=2.5), ValueError),
+        (dict(max_slow_samples=-1), ValueError),
+        (dict(max_slow_samples="2"), ValueError),
+    ],
+)
+def test_invalid_minato_options_are_refused(kwargs, error) -> None:
+    with pytest.raises(error, match=next(iter(kwargs))):
+        minato.DataLoader(RangeDataset(), **kwargs)
 
 
 def test_in_order_attribute_keeps_the_value_given() -> None:

@@ -1,47 +1,18 @@
-//! `minato._minato.Engine`: the engine as the Python iterator drives it.
+//! `minato._minato.Engine`: the task-level engine as the Python iterator drives it.
 
-use std::sync::{Mutex, MutexGuard, TryLockError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pyo3::prelude::*;
 
 use super::errors::LoaderError;
+use super::locked::Locked;
 use super::worker::PythonWorker;
 use crate::engine::{Dispatch, Engine, EngineConfig, EngineError, Order};
-
-/// How long the consumer waits with the GIL released before it looks for
-/// signals: Ctrl-C leaves a waiting loop within this time.
-const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Worker threads running `make_worker(id)(epoch, payload)` for each submitted payload.
 #[pyclass(name = "Engine", module = "minato._minato", frozen)]
 pub(crate) struct PyEngine {
-    inner: Mutex<Engine<PythonWorker>>,
-}
-
-impl PyEngine {
-    /// The engine, locked. Callers lock inside `py.detach`, so a thread
-    /// waiting for the lock never holds the GIL that the holder may need.
-    fn engine(&self) -> MutexGuard<'_, Engine<PythonWorker>> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Runs a short, non-blocking `op` on the engine. When the lock is free
-    /// it runs with the GIL held: releasing the GIL would let a worker take
-    /// it, and the consumer would then wait for that worker's whole task.
-    fn quick<T: Send>(
-        &self,
-        py: Python<'_>,
-        op: impl FnOnce(&mut Engine<PythonWorker>) -> T + Send,
-    ) -> T {
-        match self.inner.try_lock() {
-            Ok(mut engine) => op(&mut engine),
-            Err(TryLockError::Poisoned(poisoned)) => op(&mut poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) => py.detach(|| op(&mut self.engine())),
-        }
-    }
+    engine: Locked<Engine<PythonWorker>>,
 }
 
 #[pymethods]
@@ -82,70 +53,46 @@ impl PyEngine {
             .detach(|| Engine::start(config, hooks))
             .map_err(LoaderError::from)?;
         Ok(PyEngine {
-            inner: Mutex::new(engine),
+            engine: Locked::new(engine),
         })
     }
 
+    /// Worker threads running now.
     #[getter]
     fn num_workers(&self, py: Python<'_>) -> usize {
-        self.quick(py, |engine| engine.num_workers())
+        self.engine.quick(py, |engine| engine.num_workers())
     }
 
     /// Whether `submit` accepts a payload now (the in-flight bound).
     fn can_submit(&self, py: Python<'_>) -> bool {
-        self.quick(py, |engine| engine.can_submit())
+        self.engine.quick(py, |engine| engine.can_submit())
     }
 
     /// Submitted payloads of this epoch not yet delivered.
     fn pending(&self, py: Python<'_>) -> usize {
-        self.quick(py, |engine| engine.pending())
+        self.engine.quick(py, |engine| engine.pending())
     }
 
     /// Queues a payload; False when every worker is exhausted for this epoch.
     fn submit(&self, py: Python<'_>, payload: Py<PyAny>) -> PyResult<bool> {
-        match self.quick(py, |engine| engine.submit(payload)) {
+        match self.engine.quick(py, |engine| engine.submit(payload)) {
             Ok(()) => Ok(true),
             Err(EngineError::NoActiveWorker) => Ok(false),
             Err(err) => Err(LoaderError::from(err).into()),
         }
     }
 
-    /// The next output. Waits with the GIL released, at most `timeout`
-    /// seconds when it is positive; raises StopIteration when nothing of
-    /// this epoch is pending. A worker's exception comes back as its value.
-    #[pyo3(signature = (timeout))]
+    /// The next output, waiting at most `timeout` seconds when it is
+    /// positive; StopIteration when nothing of this epoch is pending. A
+    /// worker's exception comes back as its value.
     fn next(&self, py: Python<'_>, timeout: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        let seconds: f64 = timeout.extract()?;
-        // An output already waiting is taken without giving up the GIL.
-        match self.quick(py, |engine| engine.recv(Duration::ZERO)) {
-            Ok(output) => return output,
-            Err(EngineError::WaitElapsed) => {}
-            Err(err) => return Err(LoaderError::from(err).into()),
-        }
-        let deadline = (seconds > 0.0).then(|| Instant::now() + Duration::from_secs_f64(seconds));
-        loop {
-            let wait = deadline.map_or(SIGNAL_CHECK_INTERVAL, |deadline| {
-                deadline
-                    .saturating_duration_since(Instant::now())
-                    .min(SIGNAL_CHECK_INTERVAL)
-            });
-            match py.detach(|| self.engine().recv(wait)) {
-                Ok(output) => return output,
-                Err(EngineError::WaitElapsed) => {
-                    if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                        let timeout = timeout.str()?.to_string();
-                        return Err(LoaderError::TimedOut { timeout }.into());
-                    }
-                    py.check_signals()?;
-                }
-                Err(err) => return Err(LoaderError::from(err).into()),
-            }
-        }
+        self.engine
+            .wait_next(py, timeout, |engine, wait| engine.recv(wait))?
     }
 
     /// Ends the epoch: drops its queued work and waits for running tasks.
     fn new_epoch(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.engine().new_epoch())
+        py.detach(|| self.engine.lock().new_epoch())
             .map_err(|err| LoaderError::from(err).into())
     }
 
@@ -154,7 +101,7 @@ impl PyEngine {
     /// (each exits as soon as its current call returns).
     fn shutdown(&self, py: Python<'_>, grace: f64) -> usize {
         let grace = Duration::from_secs_f64(grace.max(0.0));
-        py.detach(|| self.engine().shutdown(grace))
+        py.detach(|| self.engine.lock().shutdown(grace))
     }
 }
 
@@ -162,10 +109,7 @@ impl Drop for PyEngine {
     fn drop(&mut self) {
         // Workers need the GIL to finish their current task: join them with
         // it released, or the join would wait forever.
-        let engine = self
-            .inner
-            .get_mut()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let engine = self.engine.get_mut();
         Python::attach(|py| py.detach(|| engine.shutdown_with_default_grace()));
     }
 }

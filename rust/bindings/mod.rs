@@ -3,11 +3,14 @@
 
 mod engine;
 mod errors;
+mod locked;
+mod sample_engine;
 mod worker;
 
 use pyo3::prelude::*;
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngine>()?;
+    m.add_class::<sample_engine::PySampleEngine>()?;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The worker-thread side: how an engine worker calls into Python.
 
 use pyo3::prelude::*;
+use pyo3::types::PyList;
 
 use crate::engine::{Outcome, WorkerHooks};
 
@@ -44,6 +45,56 @@ impl WorkerHooks for PythonWorker {
                 Ok(out) if out.is(&self.exhausted) => Outcome::Exhausted,
                 result => Outcome::Value(result),
             }
+        })
+    }
+}
+
+/// Runs `minato._worker`'s sample runner: `run(epoch, indices) -> samples`,
+/// one sample (or an ExceptionWrapper) per index.
+pub(crate) struct PythonSampleWorker {
+    /// `make_worker(worker_id) -> run`, called once on each worker thread.
+    pub make_worker: Py<PyAny>,
+}
+
+impl WorkerHooks for PythonSampleWorker {
+    type Payload = Vec<Py<PyAny>>;
+    type Output = Vec<PyResult<Py<PyAny>>>;
+    type State = PyResult<Py<PyAny>>;
+
+    fn enter_thread(&self, _worker_id: usize, body: &mut (dyn FnMut() + Send)) {
+        // See PythonWorker::enter_thread.
+        Python::attach(|py| py.detach(body));
+    }
+
+    fn init(&self, worker_id: usize) -> Self::State {
+        Python::attach(|py| self.make_worker.call1(py, (worker_id,)))
+    }
+
+    fn run(
+        &self,
+        state: &mut Self::State,
+        epoch: u64,
+        indices: Self::Payload,
+    ) -> Outcome<Self::Output> {
+        Python::attach(|py| {
+            let count = indices.len();
+            let samples: PyResult<Vec<Py<PyAny>>> = state
+                .as_ref()
+                .map_err(|err| err.clone_ref(py))
+                .and_then(|run| {
+                    let indices = PyList::new(py, indices)?;
+                    let samples = run.bind(py).call1((epoch, indices))?;
+                    samples
+                        .try_iter()?
+                        .map(|sample| sample.map(Bound::unbind))
+                        .collect()
+                });
+            // Every index gets an output, so the batch accounting holds even
+            // when the runner itself failed.
+            Outcome::Value(match samples {
+                Ok(samples) => samples.into_iter().map(Ok).collect(),
+                Err(err) => (0..count).map(|_| Err(err.clone_ref(py))).collect(),
+            })
         })
     }
 }

@@ -1,0 +1,87 @@
+//! An engine behind a lock, with the GIL handling every binding needs.
+
+use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+
+use super::errors::LoaderError;
+use crate::engine::EngineError;
+
+/// How long the consumer waits with the GIL released before it looks for
+/// signals: Ctrl-C leaves a waiting loop within this time.
+const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
+/// An engine shared by the Python threads that hold its handle.
+pub(crate) struct Locked<E> {
+    inner: Mutex<E>,
+}
+
+impl<E: Send> Locked<E> {
+    pub fn new(engine: E) -> Self {
+        Locked {
+            inner: Mutex::new(engine),
+        }
+    }
+
+    /// The engine, locked. Callers lock inside `py.detach`, so a thread
+    /// waiting for the lock never holds the GIL that the holder may need.
+    pub fn lock(&self) -> MutexGuard<'_, E> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The engine, for a `Drop` that owns the only reference.
+    pub fn get_mut(&mut self) -> &mut E {
+        self.inner
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs a short, non-blocking `op` on the engine. When the lock is free
+    /// it runs with the GIL held: releasing the GIL would let a worker take
+    /// it, and the consumer would then wait for that worker's whole task.
+    pub fn quick<T: Send>(&self, py: Python<'_>, op: impl FnOnce(&mut E) -> T + Send) -> T {
+        match self.inner.try_lock() {
+            Ok(mut engine) => op(&mut engine),
+            Err(TryLockError::Poisoned(poisoned)) => op(&mut poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => py.detach(|| op(&mut self.lock())),
+        }
+    }
+
+    /// Waits for `recv`'s next output with the GIL released, at most
+    /// `timeout` seconds when it is positive (then torch's timeout error),
+    /// looking for signals meanwhile. An output already waiting is taken
+    /// without giving up the GIL.
+    pub fn wait_next<T: Send>(
+        &self,
+        py: Python<'_>,
+        timeout: &Bound<'_, PyAny>,
+        recv: impl Fn(&mut E, Duration) -> Result<T, EngineError> + Sync,
+    ) -> PyResult<T> {
+        let seconds: f64 = timeout.extract()?;
+        match self.quick(py, |engine| recv(engine, Duration::ZERO)) {
+            Err(EngineError::WaitElapsed) => {}
+            ready => return ready.map_err(|err| LoaderError::from(err).into()),
+        }
+        let deadline = (seconds > 0.0).then(|| Instant::now() + Duration::from_secs_f64(seconds));
+        loop {
+            let wait = deadline.map_or(SIGNAL_CHECK_INTERVAL, |deadline| {
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .min(SIGNAL_CHECK_INTERVAL)
+            });
+            match py.detach(|| recv(&mut self.lock(), wait)) {
+                Err(EngineError::WaitElapsed) => {
+                    if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                        let timeout = timeout.str()?.to_string();
+                        return Err(LoaderError::TimedOut { timeout }.into());
+                    }
+                    py.check_signals()?;
+                }
+                ready => return ready.map_err(|err| LoaderError::from(err).into()),
+            }
+        }
+    }
+}

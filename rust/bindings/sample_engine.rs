@@ -1,0 +1,142 @@
+//! `minato._minato.SampleEngine`: the sample-level engine as the Python
+//! iterator drives it.
+
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use super::errors::LoaderError;
+use super::locked::Locked;
+use super::worker::PythonSampleWorker;
+use crate::engine::{SampleEngine, SampleEngineConfig, SampleTimeout};
+
+type Engine = SampleEngine<Py<PyAny>, PyResult<Py<PyAny>>, PythonSampleWorker>;
+
+/// Worker threads loading single samples (`make_worker(id)(epoch, indices)`),
+/// delivering batches built from whichever samples are ready first.
+#[pyclass(name = "SampleEngine", module = "minato._minato", frozen)]
+pub(crate) struct PySampleEngine {
+    engine: Locked<Engine>,
+}
+
+#[pymethods]
+impl PySampleEngine {
+    #[new]
+    #[allow(clippy::too_many_arguments)] // one per keyword argument
+    #[pyo3(signature = (make_worker, *, num_workers, max_samples_in_flight, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace))]
+    fn new(
+        py: Python<'_>,
+        make_worker: Py<PyAny>,
+        num_workers: usize,
+        max_samples_in_flight: usize,
+        sample_timeout: Option<&Bound<'_, PyAny>>,
+        timeout_warmup: u64,
+        max_slow_in_flight: usize,
+        shutdown_grace: f64,
+    ) -> PyResult<Self> {
+        let sample_timeout = match sample_timeout {
+            None => SampleTimeout::Off,
+            Some(value) if value.extract::<&str>().is_ok_and(|text| text == "auto") => {
+                SampleTimeout::Auto {
+                    warmup: timeout_warmup,
+                }
+            }
+            Some(value) => {
+                SampleTimeout::Fixed(Duration::try_from_secs_f64(value.extract()?).map_err(
+                    |err| pyo3::exceptions::PyValueError::new_err(format!("sample_timeout: {err}")),
+                )?)
+            }
+        };
+        let config = SampleEngineConfig {
+            num_workers,
+            max_samples_in_flight,
+            sample_timeout,
+            max_slow_in_flight,
+            shutdown_grace: Duration::from_secs_f64(shutdown_grace.max(0.0)),
+        };
+        let hooks = PythonSampleWorker { make_worker };
+        let engine = py
+            .detach(|| Engine::start(config, hooks))
+            .map_err(LoaderError::from)?;
+        Ok(PySampleEngine {
+            engine: Locked::new(engine),
+        })
+    }
+
+    /// Worker threads running now, replacements for slow samples included.
+    #[getter]
+    fn num_workers(&self, py: Python<'_>) -> usize {
+        self.engine.quick(py, |engine| engine.num_workers())
+    }
+
+    /// The slow-sample timeout in seconds now; None while warming up or off.
+    #[getter]
+    fn sample_timeout(&self, py: Python<'_>) -> Option<f64> {
+        self.engine
+            .quick(py, |engine| engine.sample_timeout())
+            .map(|t| t.as_secs_f64())
+    }
+
+    /// Samples flagged slow so far.
+    #[getter]
+    fn slow_samples(&self, py: Python<'_>) -> u64 {
+        self.engine.quick(py, |engine| engine.slow_samples())
+    }
+
+    /// Whether `submit` accepts a batch now (the in-flight bound).
+    fn can_submit(&self, py: Python<'_>) -> bool {
+        self.engine.quick(py, |engine| engine.can_submit())
+    }
+
+    /// Batches of this epoch submitted and not yet delivered.
+    fn pending(&self, py: Python<'_>) -> usize {
+        self.engine.quick(py, |engine| engine.pending())
+    }
+
+    /// Queues one batch of indices; always True (the signature of `Engine.submit`).
+    fn submit(&self, py: Python<'_>, indices: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let indices: Vec<Py<PyAny>> = indices
+            .try_iter()?
+            .map(|index| index.map(Bound::unbind))
+            .collect::<PyResult<_>>()?;
+        self.engine
+            .quick(py, |engine| engine.submit(indices))
+            .map_err(LoaderError::from)?;
+        Ok(true)
+    }
+
+    /// The next batch's samples, as a list, waiting at most `timeout`
+    /// seconds when it is positive; StopIteration when nothing is pending.
+    fn next<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let samples = self
+            .engine
+            .wait_next(py, timeout, |engine, wait| engine.recv(wait))?;
+        let samples: Vec<Py<PyAny>> = samples.into_iter().collect::<PyResult<_>>()?;
+        PyList::new(py, samples)
+    }
+
+    /// Ends the epoch: drops its queued work and waits for running tasks.
+    fn new_epoch(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.engine.lock().new_epoch())
+            .map_err(|err| LoaderError::from(err).into())
+    }
+
+    /// Stops the workers; see `Engine.shutdown`.
+    fn shutdown(&self, py: Python<'_>, grace: f64) -> usize {
+        let grace = Duration::from_secs_f64(grace.max(0.0));
+        py.detach(|| self.engine.lock().shutdown(grace))
+    }
+}
+
+impl Drop for PySampleEngine {
+    fn drop(&mut self) {
+        // See PyEngine's Drop.
+        let engine = self.engine.get_mut();
+        Python::attach(|py| py.detach(|| engine.shutdown_with_default_grace()));
+    }
+}
