@@ -98,10 +98,14 @@ def test_same_batches_as_torch_exactly_once_and_no_leaked_thread(workload) -> No
             assert_same(second, list(reference))
         else:
             # A break leaves a shuffling sampler's generator wherever prefetching
-            # left it, so the order may differ; the content may not.
-            assert sorted(i for b in second for i in b.tolist()) == sorted(
-                i for b in expected for i in b.tolist()
-            )
+            # left it, so the order may differ (and with drop_last, which
+            # samples are dropped); the sizes and, without drop_last, the
+            # content may not.
+            assert [len(b) for b in second] == [len(b) for b in expected]
+            if not workload["drop_last"]:
+                assert sorted(i for b in second for i in b.tolist()) == sorted(
+                    i for b in expected for i in b.tolist()
+                )
     delivered = [i for batch in got for i in batch.tolist()]
     assert len(delivered) == len(set(delivered)) or workload["sampler"] == "distributed"
     del loader
@@ -171,4 +175,73 @@ def test_many_loaders_at_once_from_several_consumer_threads() -> None:
     for t in threads:
         t.join(60)
     assert all(results[k] == list(range(30)) for k in range(4))
+    assert wait_for_thread_count(before) == before
+
+
+reordering_workloads = st.fixed_dictionaries(
+    {
+        "delays": st.lists(
+            st.sampled_from([0.0, 0.0, 0.0005, 0.003, 0.02]), min_size=0, max_size=60
+        ),
+        "num_workers": st.integers(1, 6),
+        "batch_size": st.integers(1, 9),
+        "drop_last": st.booleans(),
+        "prefetch_factor": st.integers(1, 3),
+        "sampler": st.sampled_from(["sequential", "random", "distributed"]),
+        "seed": st.integers(0, 2**16),
+        "in_order": st.sampled_from([False, None]),
+        "sample_timeout": st.sampled_from([None, 0.001, 0.005, "auto"]),
+        "max_slow_samples": st.sampled_from([None, 0, 1, 3]),
+        "stop_after": st.one_of(st.none(), st.integers(0, 10)),
+        "persistent": st.booleans(),
+    }
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=reordering_workloads)
+def test_reordered_batches_have_torchs_sizes_and_every_index_exactly_once(workload) -> None:
+    """Sample-level reordering under random per-sample delays, timeouts that flag
+    slow samples (and start replacement workers), samplers and early breaks."""
+    before = os_thread_count()
+    dataset = DelayedDataset(workload["delays"])
+
+    def make(cls, **kwargs):
+        return cls(
+            dataset,
+            batch_size=workload["batch_size"],
+            drop_last=workload["drop_last"],
+            sampler=_sampler(workload["sampler"], dataset, workload["seed"]),
+            **kwargs,
+        )
+
+    reference = make(tud.DataLoader)
+    loader = make(
+        minato.DataLoader,
+        num_workers=workload["num_workers"],
+        prefetch_factor=workload["prefetch_factor"],
+        persistent_workers=workload["persistent"],
+        in_order=workload["in_order"],
+        sample_timeout=workload["sample_timeout"],
+        sample_timeout_warmup=8,
+        max_slow_samples=workload["max_slow_samples"],
+    )
+    epochs = 2 if workload["persistent"] else 1
+    for _ in range(epochs):
+        expected = list(reference)
+        got = []
+        for batch in loader:
+            got.append(batch)
+            if workload["stop_after"] is not None and len(got) >= workload["stop_after"]:
+                break
+        expected_indices = sorted(i for b in expected for i in b.tolist())
+        got_indices = sorted(i for b in got for i in b.tolist())
+        assert [len(b) for b in got] == [len(b) for b in expected][: len(got)]
+        if len(got) == len(expected):
+            assert got_indices == expected_indices
+        else:  # a break: what was delivered is part of the epoch, each index at most once
+            remaining = list(expected_indices)
+            for i in got_indices:
+                remaining.remove(i)
+    del loader
     assert wait_for_thread_count(before) == before

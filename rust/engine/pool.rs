@@ -58,6 +58,8 @@ struct PoolState {
     flagged: usize,
     /// How many workers should be free for fast tasks.
     target: usize,
+    /// Most replacements for flagged workers.
+    max_slow: usize,
     busy: HashMap<usize, Busy>,
     next_worker_id: usize,
     handles: Vec<JoinHandle<()>>,
@@ -71,6 +73,14 @@ pub(crate) struct PoolShared {
     pub epoch: AtomicU64,
     state: Mutex<PoolState>,
     a_worker_exited: Condvar,
+}
+
+impl PoolState {
+    /// Workers the pool should have: the target, plus a replacement for
+    /// each worker stuck on a slow task, up to `max_slow`.
+    fn wanted(&self) -> usize {
+        self.target + self.flagged.min(self.max_slow)
+    }
 }
 
 impl PoolShared {
@@ -130,6 +140,7 @@ impl<W: WorkerHooks> Pool<W> {
                     live: 0,
                     flagged: 0,
                     target,
+                    max_slow: 0,
                     busy: HashMap::new(),
                     next_worker_id: 0,
                     handles: Vec::with_capacity(target),
@@ -186,10 +197,10 @@ impl<W: WorkerHooks> Pool<W> {
     }
 
     /// Flags every task that has run past `timeout` per sample as slow, and
-    /// for each starts a replacement worker while fewer than `max_slow` are
-    /// flagged, so that `target` workers stay free for fast tasks. A flagged
-    /// worker finishes its task and then leaves if the pool has grown past
-    /// its target. Returns how many replacements were started.
+    /// starts a replacement worker for each, up to `max_slow` of them, so
+    /// that `target` workers stay free for fast tasks. A flagged worker
+    /// finishes its task and then leaves if the pool is larger than it needs
+    /// to be. Returns how many replacements were started.
     pub fn flag_overdue(&self, timeout: Duration, max_slow: usize) -> usize {
         let Some(tasks) = &self.shared_tasks else {
             return 0;
@@ -205,11 +216,9 @@ impl<W: WorkerHooks> Pool<W> {
             }
         }
         state.flagged += newly_flagged;
+        state.max_slow = max_slow;
         let mut started = 0;
-        while state.live - state.flagged < state.target
-            && state.flagged <= max_slow
-            && !self.shared.stop.load(Ordering::Acquire)
-        {
+        while state.live < state.wanted() && !self.shared.stop.load(Ordering::Acquire) {
             if self.spawn_worker(&mut state, tasks.clone()).is_err() {
                 break;
             }
@@ -312,7 +321,7 @@ fn worker_main<W: WorkerHooks>(
                 if flagged {
                     pool.flagged -= 1;
                     // A replacement took this worker's place: one of the two goes.
-                    if pool.live - pool.flagged > pool.target {
+                    if pool.live > pool.wanted() {
                         pool.live -= 1;
                         retired = true;
                     }

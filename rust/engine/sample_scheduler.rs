@@ -55,6 +55,7 @@ where
     shared_timeout: SharedTimeout,
     fetch_times: FetchTimes,
     max_samples_in_flight: usize,
+    largest_batch: usize,
     /// Tasks submitted whose result has not been received yet, any epoch.
     unreceived: usize,
     next_seq: u64,
@@ -95,6 +96,7 @@ where
             shared_timeout,
             fetch_times: FetchTimes::new(256),
             max_samples_in_flight: max_samples,
+            largest_batch: 0,
             unreceived: 0,
             next_seq: 0,
             slow_samples: 0,
@@ -123,9 +125,12 @@ where
         self.pool.shared.epoch.load(Ordering::Acquire)
     }
 
-    /// Whether another batch may be submitted now (the in-flight bound).
+    /// Whether another batch may be submitted now: it must fit under the
+    /// in-flight bound, taking it to be as large as the largest one so far.
     pub fn can_submit(&self) -> bool {
-        !self.shut_down && self.assembler.samples_in_flight() < self.max_samples_in_flight
+        let in_flight = self.assembler.samples_in_flight();
+        !self.shut_down
+            && (in_flight == 0 || in_flight + self.largest_batch <= self.max_samples_in_flight)
     }
 
     /// Batches of this epoch submitted and not yet delivered.
@@ -157,6 +162,7 @@ where
         }
         let run_length = self.run_length();
         let epoch = self.epoch();
+        self.largest_batch = self.largest_batch.max(batch.len());
         self.assembler.planned(batch.len());
         let mut samples = batch.into_iter().peekable();
         while samples.peek().is_some() {

@@ -1,0 +1,313 @@
+"""Sample-level out-of-order batching: a slow sample never holds up the samples behind it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+import torch.utils.data as tud
+from helpers import RangeDataset, ShardedIterable, os_thread_count, wait_for_thread_count
+
+import minato
+
+pytestmark = pytest.mark.usefixtures("no_leaked_threads")
+
+
+def wait_until(condition, within_s: float = 20.0) -> bool:
+    """Polls `condition` (no timing is asserted: a hang fails the test's own timeout)."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+class Blocking(RangeDataset):
+    """Items in `blocked` wait for `release`; the others take `fast_s`."""
+
+    def __init__(self, n: int, blocked: set[int], fast_s: float = 0.0) -> None:
+        super().__init__(n)
+        self.blocked = blocked
+        self.fast_s = fast_s
+        self.release = threading.Event()
+
+    def __getitem__(self, i: int) -> int:
+        if i in self.blocked:
+            self.release.wait(30)
+        elif self.fast_s:
+            time.sleep(self.fast_s)
+        return i
+
+
+class DeclaredShuffle(tud.Sampler):
+    """A sequential sampler that declares itself shuffling, as a custom one may."""
+
+    shuffle = True
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+def sizes_and_indices(batches):
+    return [len(b) for b in batches], sorted(i for b in batches for i in b.tolist())
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(in_order=False), dict(sampler=DeclaredShuffle(16))],
+    ids=["in_order=False", "in_order=None, shuffling sampler"],
+)
+def test_a_slow_sample_lands_in_a_later_batch(kwargs) -> None:
+    dataset = Blocking(16, blocked={0})
+    loader = minato.DataLoader(dataset, batch_size=4, num_workers=2, sample_timeout=None, **kwargs)
+    it = iter(loader)
+    first = next(it).tolist()
+    assert 0 not in first and len(first) == 4  # built while sample 0 is still loading
+    dataset.release.set()
+    rest = list(it)
+    assert sizes_and_indices([torch.tensor(first), *rest]) == ([4, 4, 4, 4], list(range(16)))
+
+
+def test_in_order_none_keeps_a_sequential_loader_in_exact_order() -> None:
+    class SlowFirst(RangeDataset):
+        def __getitem__(self, i):
+            time.sleep(0.05 if i == 0 else 0)
+            return i
+
+    batches = [b.tolist() for b in minato.DataLoader(SlowFirst(12), batch_size=4, num_workers=2)]
+    assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+
+
+def test_which_loaders_reorder() -> None:
+    ds = RangeDataset(10)
+
+    def reorders(**kwargs):
+        return minato.DataLoader(ds, **kwargs).reorders()
+
+    assert reorders(shuffle=True)
+    assert reorders(sampler=tud.RandomSampler(ds))
+    assert reorders(sampler=tud.SubsetRandomSampler(range(5)))
+    assert reorders(sampler=tud.WeightedRandomSampler([1.0] * 10, 10))
+    assert reorders(sampler=tud.DistributedSampler(ds, num_replicas=2, rank=0, shuffle=True))
+    assert reorders(sampler=DeclaredShuffle(10))
+    assert reorders(in_order=False)
+    assert not reorders()
+    assert not reorders(sampler=tud.DistributedSampler(ds, num_replicas=2, rank=0, shuffle=False))
+    assert not reorders(shuffle=True, in_order=True)
+
+
+def test_only_whole_batches_move_with_a_users_batch_sampler() -> None:
+    dataset = Blocking(12, blocked={0})
+    batch_sampler = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    it = iter(
+        minato.DataLoader(dataset, batch_sampler=batch_sampler, num_workers=2, in_order=False)
+    )
+    first = next(it).tolist()
+    assert first in batch_sampler[1:]  # another whole batch overtook the slow one
+    dataset.release.set()
+    assert sorted([first, *(b.tolist() for b in it)]) == batch_sampler
+
+
+def test_an_iterable_dataset_moves_whole_batches_only() -> None:
+    loader = minato.DataLoader(ShardedIterable(40), batch_size=4, num_workers=2, in_order=False)
+    expected = sorted(
+        b.tolist() for b in tud.DataLoader(ShardedIterable(40), batch_size=4, num_workers=2)
+    )
+    assert sorted(b.tolist() for b in loader) == expected
+
+
+def test_a_worker_stuck_on_a_slow_sample_is_replaced_then_retired() -> None:
+    dataset = Blocking(40, blocked={0}, fast_s=0.001)
+    loader = minato.DataLoader(
+        dataset, batch_size=4, num_workers=2, in_order=False, sample_timeout=0.05
+    )
+    it = iter(loader)
+    batches = [next(it)]
+    engine = it._engine
+    # While sample 0 is stuck, a third worker keeps two on the fast samples.
+    assert wait_until(lambda: engine.num_workers == 3)
+    dataset.release.set()
+    batches += list(it)
+    assert sizes_and_indices(batches) == ([4] * 10, list(range(40)))
+    assert engine.slow_samples == 1
+    assert engine.sample_timeout == pytest.approx(0.05)
+
+
+def test_the_pool_shrinks_back_once_the_slow_sample_finishes() -> None:
+    dataset = Blocking(400, blocked={0}, fast_s=0.002)
+    loader = minato.DataLoader(
+        dataset,
+        batch_size=4,
+        num_workers=2,
+        in_order=False,
+        sample_timeout=0.02,
+        persistent_workers=True,
+    )
+    it = iter(loader)
+    next(it)
+    engine = it._engine
+    assert wait_until(lambda: engine.num_workers == 3)
+    dataset.release.set()
+    # Keep consuming (the pool resizes as tasks finish) until it is back to two.
+    assert wait_until(lambda: (next(it, None), engine.num_workers)[1] == 2)
+    it = loader = None  # the last references: the workers stop
+
+
+def test_slow_samples_in_flight_are_bounded() -> None:
+    dataset = Blocking(60, blocked={0, 1, 2})
+    loader = minato.DataLoader(
+        dataset,
+        batch_size=4,
+        num_workers=4,
+        in_order=False,
+        sample_timeout=0.02,
+        max_slow_samples=1,
+    )
+    it = iter(loader)
+    batches = [next(it)]
+    engine = it._engine
+    assert wait_until(lambda: engine.num_workers == 5)
+    # Three samples are stuck and flagged, but at the bound no more
+    # replacements start: give the monitor many chances to overshoot.
+    time.sleep(0.3)
+    assert engine.num_workers == 5
+    dataset.release.set()
+    batches += list(it)
+    assert sizes_and_indices(batches) == ([4] * 15, list(range(60)))
+
+
+def test_no_replacement_with_max_slow_samples_zero() -> None:
+    dataset = Blocking(20, blocked={0})
+    loader = minato.DataLoader(
+        dataset,
+        batch_size=4,
+        num_workers=2,
+        in_order=False,
+        sample_timeout=0.01,
+        max_slow_samples=0,
+    )
+    it = iter(loader)
+    next(it)
+    time.sleep(0.2)
+    assert it._engine.num_workers == 2
+    dataset.release.set()
+    assert len(list(it)) == 4
+
+
+def test_auto_timeout_warms_up_then_follows_the_75th_percentile() -> None:
+    class Skewed(RangeDataset):
+        def __getitem__(self, i):
+            time.sleep(0.02 if i % 4 == 0 else 0.001)
+            return i
+
+    loader = minato.DataLoader(
+        Skewed(200), batch_size=4, num_workers=2, in_order=False, sample_timeout_warmup=40
+    )
+    it = iter(loader)
+    assert it._engine.sample_timeout is None  # still warming up
+    list(it)
+    # Three samples in four take about 1 ms: the timeout sits among them,
+    # well below the 20 ms ones.
+    timeout = it._engine.sample_timeout if it._engine else None
+    assert timeout is None or 0 < timeout < 0.02
+
+
+def test_auto_timeout_is_set_after_the_warmup() -> None:
+    class Skewed(RangeDataset):
+        def __getitem__(self, i):
+            time.sleep(0.02 if i % 4 == 0 else 0.001)
+            return i
+
+    loader = minato.DataLoader(
+        Skewed(200),
+        batch_size=4,
+        num_workers=2,
+        in_order=False,
+        sample_timeout_warmup=40,
+        persistent_workers=True,
+    )
+    it = iter(loader)
+    list(it)
+    timeout = it._engine.sample_timeout
+    assert timeout is not None and 0 < timeout < 0.02
+    assert list(it) == []  # the epoch is over
+    del it, loader
+
+
+def test_sample_errors_keep_their_type_and_index() -> None:
+    class Fails(RangeDataset):
+        def __getitem__(self, i):
+            if i == 5:
+                raise KeyError("no label")
+            return i
+
+    loader = minato.DataLoader(Fails(16), batch_size=4, num_workers=2, in_order=False)
+    with pytest.raises(KeyError, match=r"DataLoader worker thread \d \(sample index 5\)"):
+        list(loader)
+
+
+@pytest.mark.parametrize("num_workers,prefetch_factor", [(1, 1), (2, 2), (3, 1)])
+def test_prefetch_bounds_samples_in_flight(num_workers, prefetch_factor) -> None:
+    batch_size = 3
+    bound = num_workers * prefetch_factor * batch_size
+
+    class Counting(RangeDataset):
+        def __init__(self):
+            super().__init__(150)
+            self.fetched = 0
+            self.lock = threading.Lock()
+
+        def __getitem__(self, i):
+            with self.lock:
+                self.fetched += 1
+            return i
+
+    dataset = Counting()
+    loader = minato.DataLoader(
+        dataset,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        prefetch_factor=prefetch_factor,
+        in_order=False,
+    )
+    consumed = 0
+    for batch in loader:
+        consumed += len(batch)
+        for _ in range(3):
+            time.sleep(0.002)  # a slow consumer: workers may run ahead, up to the bound
+            assert dataset.fetched - consumed <= bound
+    assert consumed == 150
+
+
+def test_persistent_workers_reorder_every_epoch_and_recover_from_a_break() -> None:
+    loader = minato.DataLoader(
+        RangeDataset(50), batch_size=6, shuffle=True, num_workers=3, persistent_workers=True
+    )
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    for _ in range(3):
+        assert sizes_and_indices(list(loader)) == ([6] * 8 + [2], list(range(50)))
+
+
+def test_threads_exit_after_a_break_with_slow_samples_in_flight() -> None:
+    before = os_thread_count()
+    dataset = Blocking(40, blocked={0, 1}, fast_s=0.001)
+    it = iter(
+        minato.DataLoader(dataset, batch_size=4, num_workers=2, in_order=False, sample_timeout=0.02)
+    )
+    next(it)
+    engine = it._engine
+    assert wait_until(lambda: engine.num_workers >= 3)
+    it = engine = None  # a break: the stuck workers are left to finish their sample
+    dataset.release.set()
+    assert wait_for_thread_count(before) == before
