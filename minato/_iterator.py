@@ -40,7 +40,6 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
     engine bounds the work in flight to ``prefetch_factor * num_workers``.
     """
 
-
     def __init__(self, loader: DataLoader, *, in_order: bool = True) -> None:
         self._in_order = in_order
         self._engine: Engine | SampleEngine | None = None
@@ -164,12 +163,11 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             worker_factory(self._worker_spec(loader), samples=True),
             num_workers=self._num_workers,
             max_samples_in_flight=self._batches_in_flight(loader) * batch_size,
+            max_batch_size=batch_size,
             sample_timeout=loader.sample_timeout,
             timeout_warmup=loader.sample_timeout_warmup,
             max_slow_in_flight=(
-                self._num_workers
-                if loader.max_slow_samples is None
-                else loader.max_slow_samples
+                self._num_workers if loader.max_slow_samples is None else loader.max_slow_samples
             ),
             shutdown_grace=SHUTDOWN_GRACE_S,
         )

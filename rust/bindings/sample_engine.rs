@@ -24,12 +24,13 @@ pub(crate) struct PySampleEngine {
 impl PySampleEngine {
     #[new]
     #[allow(clippy::too_many_arguments)] // one per keyword argument
-    #[pyo3(signature = (make_worker, *, num_workers, max_samples_in_flight, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace))]
+    #[pyo3(signature = (make_worker, *, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace))]
     fn new(
         py: Python<'_>,
         make_worker: Py<PyAny>,
         num_workers: usize,
         max_samples_in_flight: usize,
+        max_batch_size: usize,
         sample_timeout: Option<&Bound<'_, PyAny>>,
         timeout_warmup: u64,
         max_slow_in_flight: usize,
@@ -51,6 +52,7 @@ impl PySampleEngine {
         let config = SampleEngineConfig {
             num_workers,
             max_samples_in_flight,
+            max_batch_size,
             sample_timeout,
             max_slow_in_flight,
             shutdown_grace: Duration::from_secs_f64(shutdown_grace.max(0.0)),

@@ -12,6 +12,8 @@ pub enum EngineError {
     WaitElapsed,
     /// `submit` was called with `max_in_flight` tasks already outstanding.
     Full,
+    /// A batch larger than the engine was configured for was submitted.
+    BatchTooLarge { size: usize, max: usize },
     /// Round-robin dispatch found every worker exhausted for this epoch.
     NoActiveWorker,
     /// A worker panicked while running a task (or while starting up).
@@ -30,6 +32,12 @@ impl fmt::Display for EngineError {
             Self::Idle => write!(f, "no task is outstanding"),
             Self::WaitElapsed => write!(f, "no result arrived within the wait"),
             Self::Full => write!(f, "the in-flight bound is reached"),
+            Self::BatchTooLarge { size, max } => {
+                write!(
+                    f,
+                    "a batch of {size} samples exceeds the configured maximum of {max}"
+                )
+            }
             Self::NoActiveWorker => write!(f, "every worker is exhausted for this epoch"),
             Self::WorkerPanicked { worker, message } => {
                 write!(f, "minato worker thread {worker} panicked: {message}")

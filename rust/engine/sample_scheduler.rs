@@ -24,6 +24,8 @@ pub struct SampleEngineConfig {
     pub num_workers: usize,
     /// Most samples submitted and not yet delivered.
     pub max_samples_in_flight: usize,
+    /// The largest batch `submit` will be given.
+    pub max_batch_size: usize,
     pub sample_timeout: SampleTimeout,
     /// Most samples flagged slow and still running; at the bound no
     /// replacement worker is started.
@@ -55,7 +57,7 @@ where
     shared_timeout: SharedTimeout,
     fetch_times: FetchTimes,
     max_samples_in_flight: usize,
-    largest_batch: usize,
+    max_batch_size: usize,
     /// Tasks submitted whose result has not been received yet, any epoch.
     unreceived: usize,
     next_seq: u64,
@@ -72,7 +74,8 @@ where
 {
     pub fn start(config: SampleEngineConfig, hooks: W) -> Result<Self, EngineError> {
         let workers = config.num_workers.max(1);
-        let max_samples = config.max_samples_in_flight.max(1);
+        let max_batch_size = config.max_batch_size.max(1);
+        let max_samples = config.max_samples_in_flight.max(max_batch_size);
         // Every task holds at least one sample, so tasks in flight never
         // outnumber samples in flight: queues of that size never fill.
         let (dispatcher, receivers) = Dispatcher::new(Dispatch::Shared, workers, max_samples);
@@ -96,7 +99,7 @@ where
             shared_timeout,
             fetch_times: FetchTimes::new(256),
             max_samples_in_flight: max_samples,
-            largest_batch: 0,
+            max_batch_size,
             unreceived: 0,
             next_seq: 0,
             slow_samples: 0,
@@ -125,12 +128,12 @@ where
         self.pool.shared.epoch.load(Ordering::Acquire)
     }
 
-    /// Whether another batch may be submitted now: it must fit under the
-    /// in-flight bound, taking it to be as large as the largest one so far.
+    /// Whether another batch (of at most `max_batch_size`) fits under the
+    /// in-flight bound now.
     pub fn can_submit(&self) -> bool {
-        let in_flight = self.assembler.samples_in_flight();
         !self.shut_down
-            && (in_flight == 0 || in_flight + self.largest_batch <= self.max_samples_in_flight)
+            && self.assembler.samples_in_flight() + self.max_batch_size
+                <= self.max_samples_in_flight
     }
 
     /// Batches of this epoch submitted and not yet delivered.
@@ -140,7 +143,7 @@ where
 
     /// Samples per task: one when samples are slow enough to be worth a
     /// task each, a run of them when they are cheap.
-    fn run_length(&self) -> usize {
+    pub(crate) fn run_length(&self) -> usize {
         match self.fetch_times.percentile(0.5) {
             Some(p50) if !p50.is_zero() => {
                 let run = RUN_TARGET.as_nanos() / p50.as_nanos();
@@ -157,12 +160,17 @@ where
         if self.shut_down {
             return Err(EngineError::ShutDown);
         }
+        if batch.len() > self.max_batch_size {
+            return Err(EngineError::BatchTooLarge {
+                size: batch.len(),
+                max: self.max_batch_size,
+            });
+        }
         if !self.can_submit() {
             return Err(EngineError::Full);
         }
         let run_length = self.run_length();
         let epoch = self.epoch();
-        self.largest_batch = self.largest_batch.max(batch.len());
         self.assembler.planned(batch.len());
         let mut samples = batch.into_iter().peekable();
         while samples.peek().is_some() {

@@ -355,3 +355,178 @@ proptest! {
         prop_assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
     }
 }
+
+/// Sample-level test hooks: each payload item sleeps its duration and
+/// returns its value; threads alive inside are counted.
+struct SampleHooks {
+    inside: Arc<AtomicUsize>,
+}
+
+impl WorkerHooks for SampleHooks {
+    type Payload = Vec<(u64, u64)>;
+    type Output = Vec<u64>;
+    type State = ();
+
+    fn enter_thread(&self, _worker_id: usize, body: &mut (dyn FnMut() + Send)) {
+        self.inside.fetch_add(1, AtomicOrdering::SeqCst);
+        body();
+        self.inside.fetch_sub(1, AtomicOrdering::SeqCst);
+    }
+
+    fn init(&self, _worker_id: usize) {}
+
+    fn run(&self, _state: &mut (), _epoch: u64, run: Vec<(u64, u64)>) -> Outcome<Vec<u64>> {
+        Outcome::Value(
+            run.into_iter()
+                .map(|(value, sleep_us)| {
+                    thread::sleep(Duration::from_micros(sleep_us));
+                    value
+                })
+                .collect(),
+        )
+    }
+}
+
+type Samples = SampleEngine<(u64, u64), u64, SampleHooks>;
+
+fn start_samples(
+    num_workers: usize,
+    max_samples_in_flight: usize,
+    sample_timeout: SampleTimeout,
+    max_slow_in_flight: usize,
+) -> (Samples, Arc<AtomicUsize>) {
+    let inside = Arc::new(AtomicUsize::new(0));
+    let config = SampleEngineConfig {
+        num_workers,
+        max_samples_in_flight,
+        max_batch_size: 8,
+        sample_timeout,
+        max_slow_in_flight,
+        shutdown_grace: Duration::from_secs(10),
+    };
+    let engine = Samples::start(
+        config,
+        SampleHooks {
+            inside: inside.clone(),
+        },
+    )
+    .unwrap();
+    (engine, inside)
+}
+
+/// Submits `sizes` batches of consecutive values with `sleeps`, keeping the
+/// engine full, and returns the batches delivered.
+fn run_batches(engine: &mut Samples, sizes: &[usize], sleeps: &[u64]) -> Vec<Vec<u64>> {
+    let mut next_value = 0u64;
+    let mut batches = sizes.iter();
+    let mut out = Vec::new();
+    let mut more = true;
+    loop {
+        while more && engine.can_submit() {
+            match batches.next() {
+                Some(&size) => {
+                    let batch = (next_value..next_value + size as u64)
+                        .map(|v| (v, sleeps[v as usize % sleeps.len()]))
+                        .collect();
+                    next_value += size as u64;
+                    engine.submit(batch).unwrap();
+                }
+                None => more = false,
+            }
+        }
+        match engine.recv(WAIT) {
+            Ok(batch) => out.push(batch),
+            Err(EngineError::Idle) if !more => return out,
+            Err(EngineError::Idle) => {}
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_slow_sample_does_not_hold_up_its_batch() {
+    let (mut engine, _) = start_samples(2, 16, SampleTimeout::Off, 2);
+    // Sample 0 takes 300 ms; the other seven are instant.
+    engine
+        .submit(
+            (0..4)
+                .map(|v| (v, if v == 0 { 300_000 } else { 0 }))
+                .collect(),
+        )
+        .unwrap();
+    engine.submit((4..8).map(|v| (v, 0)).collect()).unwrap();
+    let first = engine.recv(WAIT).unwrap();
+    assert!(!first.contains(&0), "{first:?}");
+    let second = engine.recv(WAIT).unwrap();
+    assert!(second.contains(&0));
+    assert_eq!(engine.recv(WAIT), Err(EngineError::Idle));
+}
+
+#[test]
+fn a_worker_past_the_timeout_gets_a_replacement_which_retires_after() {
+    let (mut engine, inside) =
+        start_samples(2, 64, SampleTimeout::Fixed(Duration::from_millis(20)), 4);
+    engine.submit(vec![(0, 400_000)]).unwrap();
+    let mut grew = false;
+    for _ in 0..200 {
+        if engine.num_workers() == 3 {
+            grew = true;
+            break;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(grew, "no replacement was started");
+    assert_eq!(engine.recv(WAIT), Ok(vec![0]));
+    assert_eq!(engine.slow_samples(), 1);
+    // The flagged worker leaves once its sample is done.
+    for _ in 0..200 {
+        if engine.num_workers() == 2 {
+            break;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(engine.num_workers(), 2);
+    engine.shutdown(Duration::from_secs(10));
+    assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
+}
+
+#[test]
+fn cheap_samples_go_to_workers_in_runs() {
+    let (mut engine, _) = start_samples(1, 4096, SampleTimeout::Off, 1);
+    let sizes = vec![8; 300];
+    let batches = run_batches(&mut engine, &sizes, &[0]);
+    assert_eq!(batches.len(), 300);
+    assert!(
+        engine.run_length() > 1,
+        "instant samples still went one per task"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    /// Whatever the durations, timeout and worker counts: the batches have the
+    /// planned sizes, every sample is delivered exactly once, the in-flight
+    /// bound holds, and no worker (replacements included) outlives the engine.
+    #[test]
+    fn sample_batches_exactly_once_with_planned_sizes(
+        sleeps in prop::collection::vec(prop::sample::select(vec![0u64, 0, 200, 3_000, 20_000]), 1..30),
+        sizes in prop::collection::vec(1usize..9, 0..12),
+        workers in 1usize..5,
+        batches_in_flight in 1usize..4,
+        timeout_us in prop::option::of(prop::sample::select(vec![100u64, 1_000, 5_000])),
+        max_slow in 0usize..4,
+    ) {
+        let bound = batches_in_flight * 8;
+        let timeout = timeout_us.map_or(SampleTimeout::Off, |us| SampleTimeout::Fixed(Duration::from_micros(us)));
+        let (mut engine, inside) = start_samples(workers, bound, timeout, max_slow);
+        let batches = run_batches(&mut engine, &sizes, &sleeps);
+        prop_assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), sizes.clone());
+        let mut values: Vec<u64> = batches.into_iter().flatten().collect();
+        values.sort_unstable();
+        prop_assert_eq!(values, (0..sizes.iter().sum::<usize>() as u64).collect::<Vec<_>>());
+        prop_assert!(engine.num_workers() <= workers + max_slow);
+        drop(engine);
+        prop_assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
+    }
+}
