@@ -16,6 +16,7 @@ mod sample_timeout;
 mod scheduler;
 mod sequencer;
 mod task;
+mod workers;
 
 pub use dispatch::Dispatch;
 pub use error::EngineError;

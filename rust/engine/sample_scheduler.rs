@@ -2,20 +2,19 @@
 //! whichever samples are ready, and workers stuck on slow samples are
 //! replaced while they finish.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
-
 use super::assembler::Assembler;
-use super::dispatch::{Dispatch, Dispatcher};
+use super::dispatch::Dispatch;
 use super::error::EngineError;
 use super::fetch_times::FetchTimes;
 use super::monitor::{store_timeout, Monitor, SharedTimeout};
-use super::pool::{Pool, WorkerHooks};
+use super::pool::WorkerHooks;
 use super::sample_timeout::{SampleTimeout, TimeoutEstimator};
-use super::task::{Done, Finished, Outcome, Task};
+use super::task::{Done, Finished, Outcome};
+use super::workers::Workers;
 
 /// How a sample engine is set up.
 #[derive(Debug, Clone)]
@@ -48,24 +47,17 @@ pub struct SampleEngine<P, S, W>
 where
     W: WorkerHooks<Payload = Vec<P>, Output = Vec<S>>,
 {
-    pool: Arc<Pool<W>>,
+    workers: Workers<W>,
     monitor: Monitor,
-    dispatcher: Dispatcher<Vec<P>>,
-    results: Receiver<Done<Vec<S>>>,
     assembler: Assembler<S>,
     timeout: TimeoutEstimator,
     shared_timeout: SharedTimeout,
     fetch_times: FetchTimes,
     max_samples_in_flight: usize,
     max_batch_size: usize,
-    /// Tasks submitted whose result has not been received yet, any epoch.
-    unreceived: usize,
-    next_seq: u64,
     slow_samples: u64,
-    shutdown_grace: Duration,
     /// Set when a worker panicked: the batches can no longer be completed.
     broken: Option<EngineError>,
-    shut_down: bool,
 }
 
 impl<P, S, W> SampleEngine<P, S, W>
@@ -73,45 +65,42 @@ where
     W: WorkerHooks<Payload = Vec<P>, Output = Vec<S>>,
 {
     pub fn start(config: SampleEngineConfig, hooks: W) -> Result<Self, EngineError> {
-        let workers = config.num_workers.max(1);
         let max_batch_size = config.max_batch_size.max(1);
         let max_samples = config.max_samples_in_flight.max(max_batch_size);
         // Every task holds at least one sample, so tasks in flight never
-        // outnumber samples in flight: queues of that size never fill.
-        let (dispatcher, receivers) = Dispatcher::new(Dispatch::Shared, workers, max_samples);
-        let (result_tx, results) = bounded(max_samples);
-        let pool = Pool::start(hooks, receivers, result_tx)?;
+        // outnumber samples in flight.
+        let workers = Workers::start(
+            hooks,
+            Dispatch::Shared,
+            config.num_workers,
+            max_samples,
+            config.shutdown_grace,
+        )?;
         let shared_timeout = Arc::new(AtomicU64::new(0));
         let timeout = TimeoutEstimator::new(config.sample_timeout);
         store_timeout(&shared_timeout, timeout.current());
         let monitor = Monitor::start(
-            pool.clone(),
+            workers.pool.clone(),
             shared_timeout.clone(),
             config.max_slow_in_flight,
         )?;
         Ok(SampleEngine {
-            pool,
+            workers,
             monitor,
-            dispatcher,
-            results,
             assembler: Assembler::new(),
             timeout,
             shared_timeout,
             fetch_times: FetchTimes::new(256),
             max_samples_in_flight: max_samples,
             max_batch_size,
-            unreceived: 0,
-            next_seq: 0,
             slow_samples: 0,
-            shutdown_grace: config.shutdown_grace,
             broken: None,
-            shut_down: false,
         })
     }
 
     /// Worker threads running now, replacements included.
     pub fn num_workers(&self) -> usize {
-        self.pool.live_workers()
+        self.workers.live()
     }
 
     /// The slow-sample timeout now; None while warming up or when off.
@@ -124,14 +113,10 @@ where
         self.slow_samples
     }
 
-    fn epoch(&self) -> u64 {
-        self.pool.shared.epoch.load(Ordering::Acquire)
-    }
-
     /// Whether another batch (of at most `max_batch_size`) fits under the
     /// in-flight bound now.
     pub fn can_submit(&self) -> bool {
-        !self.shut_down
+        !self.workers.is_shut_down()
             && self.assembler.samples_in_flight() + self.max_batch_size
                 <= self.max_samples_in_flight
     }
@@ -157,7 +142,7 @@ where
     /// Queues one batch's samples; the batch delivered in its place has the
     /// same size, built from whichever samples are ready first.
     pub fn submit(&mut self, batch: Vec<P>) -> Result<(), EngineError> {
-        if self.shut_down {
+        if self.workers.is_shut_down() {
             return Err(EngineError::ShutDown);
         }
         if batch.len() > self.max_batch_size {
@@ -170,27 +155,19 @@ where
             return Err(EngineError::Full);
         }
         let run_length = self.run_length();
-        let epoch = self.epoch();
         self.assembler.planned(batch.len());
         let mut samples = batch.into_iter().peekable();
         while samples.peek().is_some() {
             let run: Vec<P> = samples.by_ref().take(run_length).collect();
-            let task = Task {
-                seq: self.next_seq,
-                epoch,
-                samples: run.len(),
-                payload: run,
-            };
-            self.dispatcher.send(task)?;
-            self.next_seq += 1;
-            self.unreceived += 1;
+            let len = run.len();
+            self.workers.send(run, len)?;
         }
         Ok(())
     }
 
     /// The next batch, waiting at most `wait` for enough samples.
     pub fn recv(&mut self, wait: Duration) -> Result<Vec<S>, EngineError> {
-        if self.shut_down {
+        if self.workers.is_shut_down() {
             return Err(EngineError::ShutDown);
         }
         loop {
@@ -203,18 +180,13 @@ where
             if self.assembler.pending_batches() == 0 {
                 return Err(EngineError::Idle);
             }
-            let done = match self.results.recv_timeout(wait) {
-                Ok(done) => done,
-                Err(RecvTimeoutError::Timeout) => return Err(EngineError::WaitElapsed),
-                Err(RecvTimeoutError::Disconnected) => return Err(EngineError::WorkersGone),
-            };
+            let done = self.workers.recv(wait)?;
             self.accept(done);
         }
     }
 
     fn accept(&mut self, done: Done<Vec<S>>) {
-        self.unreceived -= 1;
-        if done.epoch != self.epoch() {
+        if done.epoch != self.workers.epoch() {
             return;
         }
         match done.finished {
@@ -245,34 +217,23 @@ where
 
     /// Ends the current epoch; see [`super::Engine::new_epoch`].
     pub fn new_epoch(&mut self) -> Result<(), EngineError> {
-        if self.shut_down {
-            return Err(EngineError::ShutDown);
-        }
-        self.pool.shared.epoch.fetch_add(1, Ordering::AcqRel);
-        while self.unreceived > 0 {
-            match self.results.recv() {
-                Ok(_) => self.unreceived -= 1,
-                Err(_) => return Err(EngineError::WorkersGone),
-            }
-        }
+        self.workers.end_epoch()?;
         self.assembler.clear();
         Ok(())
     }
 
     /// Stops the monitor and the workers; see [`super::Engine::shutdown`].
     pub fn shutdown(&mut self, grace: Duration) -> usize {
-        if self.shut_down {
-            return 0;
-        }
-        self.shut_down = true;
+        // The monitor first: it could otherwise start a replacement worker
+        // while the pool is stopping.
         self.monitor.stop();
-        self.dispatcher.close();
-        self.pool.shutdown(grace)
+        self.workers.shutdown(grace)
     }
 
     /// [`Self::shutdown`] with the configured `shutdown_grace`.
     pub fn shutdown_with_default_grace(&mut self) -> usize {
-        self.shutdown(self.shutdown_grace)
+        self.monitor.stop();
+        self.workers.shutdown_with_default_grace()
     }
 }
 
