@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import time
 from collections import namedtuple
 from collections.abc import Callable, Mapping, Sequence
@@ -169,3 +170,32 @@ class UnshardedIterable(tud.IterableDataset):
 
     def __iter__(self):
         return iter(range(self.n))
+
+
+class CountingDataset(RangeDataset):
+    """Counts the samples fetched so far, from any thread."""
+
+    def __init__(self, n: int):
+        super().__init__(n)
+        self.fetched = 0
+        self.lock = threading.Lock()
+
+    def __getitem__(self, i: int) -> int:
+        with self.lock:
+            self.fetched += 1
+        return i
+
+
+def assert_prefetch_bounded(n: int, batch_size: int, **loader_kwargs: Any) -> None:
+    """Iterates with a slow consumer, checking that the samples fetched ahead of
+    the consumer never exceed prefetch_factor x num_workers batches."""
+    bound = loader_kwargs["num_workers"] * loader_kwargs["prefetch_factor"] * batch_size
+    dataset = CountingDataset(n)
+    consumed = 0
+    for batch in minato.DataLoader(dataset, batch_size=batch_size, **loader_kwargs):
+        consumed += len(batch)
+        # A slow consumer: give the workers every chance to run ahead.
+        for _ in range(3):
+            time.sleep(0.002)
+            assert dataset.fetched - consumed <= bound
+    assert consumed == n

@@ -15,6 +15,7 @@ import torch.utils.data as tud
 from helpers import (
     RangeDataset,
     ShardedIterable,
+    assert_prefetch_bounded,
     assert_same,
     os_thread_count,
     wait_for_thread_count,
@@ -119,32 +120,9 @@ def test_persistent_workers_restart_iterable_streams_each_epoch() -> None:
 
 @pytest.mark.parametrize("num_workers,prefetch_factor", [(1, 1), (2, 2), (3, 4)])
 def test_prefetch_factor_bounds_the_batches_in_flight(num_workers, prefetch_factor) -> None:
-    batch_size = 2
-    bound = num_workers * prefetch_factor * batch_size
-
-    class Counting(RangeDataset):
-        def __init__(self):
-            super().__init__(200)
-            self.fetched = 0
-            self.lock = threading.Lock()
-
-        def __getitem__(self, i):
-            with self.lock:
-                self.fetched += 1
-            return i
-
-    dataset = Counting()
-    loader = minato.DataLoader(
-        dataset, batch_size=batch_size, num_workers=num_workers, prefetch_factor=prefetch_factor
+    assert_prefetch_bounded(
+        200, batch_size=2, num_workers=num_workers, prefetch_factor=prefetch_factor
     )
-    consumed = 0
-    for batch in loader:
-        consumed += len(batch)
-        # A slow consumer: give the workers every chance to run ahead.
-        for _ in range(3):
-            threading.Event().wait(0.002)
-            assert dataset.fetched - consumed <= bound
-    assert consumed == 200
 
 
 # the GIL

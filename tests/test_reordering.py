@@ -8,7 +8,13 @@ import time
 import pytest
 import torch
 import torch.utils.data as tud
-from helpers import RangeDataset, ShardedIterable, os_thread_count, wait_for_thread_count
+from helpers import (
+    RangeDataset,
+    ShardedIterable,
+    assert_prefetch_bounded,
+    os_thread_count,
+    wait_for_thread_count,
+)
 
 import minato
 
@@ -257,35 +263,9 @@ def test_sample_errors_keep_their_type_and_index() -> None:
 
 @pytest.mark.parametrize("num_workers,prefetch_factor", [(1, 1), (2, 2), (3, 1)])
 def test_prefetch_bounds_samples_in_flight(num_workers, prefetch_factor) -> None:
-    batch_size = 3
-    bound = num_workers * prefetch_factor * batch_size
-
-    class Counting(RangeDataset):
-        def __init__(self):
-            super().__init__(150)
-            self.fetched = 0
-            self.lock = threading.Lock()
-
-        def __getitem__(self, i):
-            with self.lock:
-                self.fetched += 1
-            return i
-
-    dataset = Counting()
-    loader = minato.DataLoader(
-        dataset,
-        batch_size=batch_size,
-        num_workers=num_workers,
-        prefetch_factor=prefetch_factor,
-        in_order=False,
+    assert_prefetch_bounded(
+        150, batch_size=3, num_workers=num_workers, prefetch_factor=prefetch_factor, in_order=False
     )
-    consumed = 0
-    for batch in loader:
-        consumed += len(batch)
-        for _ in range(3):
-            time.sleep(0.002)  # a slow consumer: workers may run ahead, up to the bound
-            assert dataset.fetched - consumed <= bound
-    assert consumed == 150
 
 
 def test_persistent_workers_reorder_every_epoch_and_recover_from_a_break() -> None:
