@@ -92,24 +92,13 @@ impl PyEngine {
 
     /// Ends the epoch: drops its queued work and waits for running tasks.
     fn new_epoch(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.engine.lock().new_epoch())
-            .map_err(|err| LoaderError::from(err).into())
+        self.engine.new_epoch(py)
     }
 
     /// Stops and joins the worker threads, waiting at most `grace` seconds
     /// for one still inside user code; returns how many were left running
     /// (each exits as soon as its current call returns).
     fn shutdown(&self, py: Python<'_>, grace: f64) -> usize {
-        let grace = Duration::from_secs_f64(grace.max(0.0));
-        py.detach(|| self.engine.lock().shutdown(grace))
-    }
-}
-
-impl Drop for PyEngine {
-    fn drop(&mut self) {
-        // Workers need the GIL to finish their current task: join them with
-        // it released, or the join would wait forever.
-        let engine = self.engine.get_mut();
-        Python::attach(|py| py.detach(|| engine.shutdown_with_default_grace()));
+        self.engine.shutdown(py, grace)
     }
 }

@@ -6,18 +6,18 @@ use std::time::{Duration, Instant};
 use pyo3::prelude::*;
 
 use super::errors::LoaderError;
-use crate::engine::EngineError;
+use crate::engine::{EngineError, Lifecycle};
 
 /// How long the consumer waits with the GIL released before it looks for
 /// signals: Ctrl-C leaves a waiting loop within this time.
 const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// An engine shared by the Python threads that hold its handle.
-pub(crate) struct Locked<E> {
+pub(crate) struct Locked<E: Lifecycle + Send> {
     inner: Mutex<E>,
 }
 
-impl<E: Send> Locked<E> {
+impl<E: Lifecycle + Send> Locked<E> {
     pub fn new(engine: E) -> Self {
         Locked {
             inner: Mutex::new(engine),
@@ -32,11 +32,16 @@ impl<E: Send> Locked<E> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The engine, for a `Drop` that owns the only reference.
-    pub fn get_mut(&mut self) -> &mut E {
-        self.inner
-            .get_mut()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// Ends the epoch with the GIL released: running tasks need it to finish.
+    pub fn new_epoch(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.lock().new_epoch())
+            .map_err(|err| LoaderError::from(err).into())
+    }
+
+    /// Stops the workers with the GIL released (see [`Lifecycle::shutdown`]).
+    pub fn shutdown(&self, py: Python<'_>, grace: f64) -> usize {
+        let grace = Duration::from_secs_f64(grace.max(0.0));
+        py.detach(|| self.lock().shutdown(grace))
     }
 
     /// Runs a short, non-blocking `op` on the engine. When the lock is free
@@ -83,5 +88,17 @@ impl<E: Send> Locked<E> {
                 ready => return ready.map_err(|err| LoaderError::from(err).into()),
             }
         }
+    }
+}
+
+impl<E: Lifecycle + Send> Drop for Locked<E> {
+    fn drop(&mut self) {
+        // Workers need the GIL to finish their current task: join them with
+        // it released, or the join would wait forever.
+        let engine = self
+            .inner
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Python::attach(|py| py.detach(|| engine.shutdown_with_default_grace()));
     }
 }

@@ -124,21 +124,11 @@ impl PySampleEngine {
 
     /// Ends the epoch: drops its queued work and waits for running tasks.
     fn new_epoch(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.engine.lock().new_epoch())
-            .map_err(|err| LoaderError::from(err).into())
+        self.engine.new_epoch(py)
     }
 
     /// Stops the workers; see `Engine.shutdown`.
     fn shutdown(&self, py: Python<'_>, grace: f64) -> usize {
-        let grace = Duration::from_secs_f64(grace.max(0.0));
-        py.detach(|| self.engine.lock().shutdown(grace))
-    }
-}
-
-impl Drop for PySampleEngine {
-    fn drop(&mut self) {
-        // See PyEngine's Drop.
-        let engine = self.engine.get_mut();
-        Python::attach(|py| py.detach(|| engine.shutdown_with_default_grace()));
+        self.engine.shutdown(py, grace)
     }
 }

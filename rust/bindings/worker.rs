@@ -5,6 +5,22 @@ use pyo3::types::PyList;
 
 use crate::engine::{Outcome, WorkerHooks};
 
+/// Runs a worker thread's whole life attached to the interpreter.
+///
+/// Attaching once keeps one interpreter thread state: thread-locals (the
+/// worker's WorkerInfo) persist between tasks, and each task's attach only
+/// re-takes the GIL. The GIL itself is released at once and held only around
+/// calls into Python.
+fn attach_for_thread_life(body: &mut (dyn FnMut() + Send)) {
+    Python::attach(|py| py.detach(body));
+}
+
+/// Calls `make_worker(worker_id)` on the worker thread; its result (the
+/// per-thread runner, or the worker_init_fn's exception) is the thread's state.
+fn make_runner(make_worker: &Py<PyAny>, worker_id: usize) -> PyResult<Py<PyAny>> {
+    Python::attach(|py| make_worker.call1(py, (worker_id,)))
+}
+
 /// Runs the Python callables of `minato._worker` on engine threads.
 pub(crate) struct PythonWorker {
     /// `make_worker(worker_id) -> run`, called once on each worker thread.
@@ -19,15 +35,11 @@ impl WorkerHooks for PythonWorker {
     type State = PyResult<Py<PyAny>>;
 
     fn enter_thread(&self, _worker_id: usize, body: &mut (dyn FnMut() + Send)) {
-        // Attaching once for the thread's life keeps one interpreter thread
-        // state: thread-locals (the worker's WorkerInfo) persist between
-        // tasks, and each task's attach only re-takes the GIL. The GIL itself
-        // is released at once and held only around calls into Python.
-        Python::attach(|py| py.detach(body));
+        attach_for_thread_life(body);
     }
 
     fn init(&self, worker_id: usize) -> Self::State {
-        Python::attach(|py| self.make_worker.call1(py, (worker_id,)))
+        make_runner(&self.make_worker, worker_id)
     }
 
     fn run(
@@ -62,12 +74,11 @@ impl WorkerHooks for PythonSampleWorker {
     type State = PyResult<Py<PyAny>>;
 
     fn enter_thread(&self, _worker_id: usize, body: &mut (dyn FnMut() + Send)) {
-        // See PythonWorker::enter_thread.
-        Python::attach(|py| py.detach(body));
+        attach_for_thread_life(body);
     }
 
     fn init(&self, worker_id: usize) -> Self::State {
-        Python::attach(|py| self.make_worker.call1(py, (worker_id,)))
+        make_runner(&self.make_worker, worker_id)
     }
 
     fn run(

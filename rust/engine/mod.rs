@@ -9,6 +9,7 @@ mod assembler;
 mod dispatch;
 mod error;
 mod fetch_times;
+mod lifecycle;
 mod monitor;
 mod pool;
 mod sample_scheduler;
@@ -20,6 +21,7 @@ mod workers;
 
 pub use dispatch::Dispatch;
 pub use error::EngineError;
+pub use lifecycle::Lifecycle;
 pub use pool::WorkerHooks;
 pub use sample_scheduler::{SampleEngine, SampleEngineConfig};
 pub use sample_timeout::SampleTimeout;

@@ -10,6 +10,7 @@ use super::assembler::Assembler;
 use super::dispatch::Dispatch;
 use super::error::EngineError;
 use super::fetch_times::FetchTimes;
+use super::lifecycle::Lifecycle;
 use super::monitor::{store_timeout, Monitor, SharedTimeout};
 use super::pool::WorkerHooks;
 use super::sample_timeout::{SampleTimeout, TimeoutEstimator};
@@ -214,24 +215,26 @@ where
             }
         }
     }
+}
 
-    /// Ends the current epoch; see [`super::Engine::new_epoch`].
-    pub fn new_epoch(&mut self) -> Result<(), EngineError> {
+impl<P, S, W> Lifecycle for SampleEngine<P, S, W>
+where
+    W: WorkerHooks<Payload = Vec<P>, Output = Vec<S>>,
+{
+    fn new_epoch(&mut self) -> Result<(), EngineError> {
         self.workers.end_epoch()?;
         self.assembler.clear();
         Ok(())
     }
 
-    /// Stops the monitor and the workers; see [`super::Engine::shutdown`].
-    pub fn shutdown(&mut self, grace: Duration) -> usize {
+    fn shutdown(&mut self, grace: Duration) -> usize {
         // The monitor first: it could otherwise start a replacement worker
         // while the pool is stopping.
         self.monitor.stop();
         self.workers.shutdown(grace)
     }
 
-    /// [`Self::shutdown`] with the configured `shutdown_grace`.
-    pub fn shutdown_with_default_grace(&mut self) -> usize {
+    fn shutdown_with_default_grace(&mut self) -> usize {
         self.monitor.stop();
         self.workers.shutdown_with_default_grace()
     }

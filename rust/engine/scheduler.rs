@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::dispatch::Dispatch;
 use super::error::EngineError;
+use super::lifecycle::Lifecycle;
 use super::pool::WorkerHooks;
 use super::sequencer::{Order, Sequencer};
 use super::task::{Done, Finished, Outcome};
@@ -115,22 +116,21 @@ impl<W: WorkerHooks> Engine<W> {
         };
         self.sequencer.finished(done.seq, item);
     }
+}
 
-    /// Ends the current epoch (see [`Workers::end_epoch`]); round-robin
-    /// dispatch starts again at worker 0.
-    pub fn new_epoch(&mut self) -> Result<(), EngineError> {
+impl<W: WorkerHooks> Lifecycle for Engine<W> {
+    /// Round-robin dispatch starts again at worker 0.
+    fn new_epoch(&mut self) -> Result<(), EngineError> {
         self.workers.end_epoch()?;
         self.sequencer.reset(self.workers.next_seq());
         Ok(())
     }
 
-    /// See [`Workers::shutdown`].
-    pub fn shutdown(&mut self, grace: Duration) -> usize {
+    fn shutdown(&mut self, grace: Duration) -> usize {
         self.workers.shutdown(grace)
     }
 
-    /// [`Self::shutdown`] with the configured `shutdown_grace`.
-    pub fn shutdown_with_default_grace(&mut self) -> usize {
+    fn shutdown_with_default_grace(&mut self) -> usize {
         self.workers.shutdown_with_default_grace()
     }
 }
