@@ -9,9 +9,10 @@ processes: no start-up cost, no copied memory, no inter-process transfer.
 """
 
 from minato._torch_threads import install as _install_thread_support
+from minato._stats import LoaderStats
 from minato.dataloader import DataLoader
 
 _install_thread_support()
 
-__all__ = ["DataLoader"]
+__all__ = ["DataLoader", "LoaderStats"]
 __version__ = "0.1.0"

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import atexit
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory
-from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
+from torch.utils.data.dataloader import (
+    _BaseDataLoaderIter,
+    _DatasetKind,
+    _SingleProcessDataLoaderIter,
+)
 
 from minato._minato import Engine, SampleEngine
+from minato._stats import StatsRecorder, logger
 from minato._worker import EXHAUSTED, WorkerSpec, worker_factory
 
 if TYPE_CHECKING:
@@ -24,6 +30,9 @@ SHUTDOWN_GRACE_S = 1.0
 # the interpreter finalizes would be killed in the middle of it.
 EXIT_GRACE_S = 10.0
 
+# How often a running loader checks whether its workers wait on the GIL.
+GIL_CHECK_INTERVAL_S = 1.0
+
 _live_iterators: weakref.WeakSet[_ThreadDataLoaderIter] = weakref.WeakSet()
 
 
@@ -33,7 +42,54 @@ def _shut_down_all_at_exit() -> None:
         iterator._shutdown(EXIT_GRACE_S)
 
 
-class _ThreadDataLoaderIter(_BaseDataLoaderIter):
+class _Reporting:
+    """Delivery bookkeeping shared by minato's iterators: stats, periodic
+    log lines and the GIL hint."""
+
+    def _init_reporting(self, loader: DataLoader) -> None:
+        self._recorder: StatsRecorder = loader._stats_recorder
+        self._log_interval: float | None = loader.log_interval
+        now = time.perf_counter()
+        self._next_log = now + (self._log_interval or 0.0)
+        self._next_gil_check = now + GIL_CHECK_INTERVAL_S
+
+    def _report(self, samples: int, waited: float) -> None:
+        self._recorder.delivered(samples, waited)
+        now = time.perf_counter()
+        if self._log_interval is not None and now >= self._next_log:
+            self._next_log = now + self._log_interval
+            logger.info(self._recorder.snapshot().summary())
+        if now >= self._next_gil_check:
+            self._next_gil_check = now + GIL_CHECK_INTERVAL_S
+            self._recorder.check_gil()
+
+
+class _CallingThreadDataLoaderIter(_SingleProcessDataLoaderIter, _Reporting):
+    """torch's single-process iterator (num_workers=0), counting what it delivers."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        super().__init__(loader)
+        self._init_reporting(loader)
+        self._recorder.engine_started(None)
+        self._batch_samples = 0
+        fetcher = self._dataset_fetcher
+        collate, auto_collation = fetcher.collate_fn, fetcher.auto_collation
+
+        def counting_collate(data: Any) -> Any:
+            self._batch_samples = len(data) if auto_collation else 1
+            return collate(data)
+
+        fetcher.collate_fn = counting_collate
+
+    def _next_data(self) -> Any:
+        started = time.perf_counter()
+        data = super()._next_data()
+        # Loading happens on this thread: all of it is time the loop waited.
+        self._report(self._batch_samples, time.perf_counter() - started)
+        return data
+
+
+class _ThreadDataLoaderIter(_BaseDataLoaderIter, _Reporting):
     """Keeps the engine fed with the sampler's indices and yields what it delivers.
 
     The sampler is iterated here, on the consumer's thread, as torch does; the
@@ -44,6 +100,7 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
         self._in_order = in_order
         self._engine: Engine | SampleEngine | None = None
         super().__init__(loader)
+        self._init_reporting(loader)
         self._reset(loader, first_iter=True)
 
     def _worker_spec(self, loader: DataLoader) -> WorkerSpec:
@@ -58,16 +115,27 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
             worker_init_fn=loader.worker_init_fn,
         )
 
+    def _starting_workers(self, loader: DataLoader) -> int:
+        """num_workers, or where the adaptive controller settled last epoch."""
+        learned = self._recorder.learned_workers
+        return learned if loader.adaptive and learned is not None else self._num_workers
+
+    def _max_workers(self, loader: DataLoader) -> int | None:
+        """The adaptive pool's bound, or None for a fixed pool."""
+        return loader.effective_max_workers() if loader.adaptive else None
+
     def _batches_in_flight(self, loader: DataLoader) -> int:
-        return max(1, (loader.prefetch_factor or 0) * self._num_workers)
+        return max(1, (loader.prefetch_factor or 0) * self._starting_workers(loader))
 
     def _start_engine(self, loader: DataLoader) -> Engine | SampleEngine:
         spec = self._worker_spec(loader)
         return Engine(
             worker_factory(spec),
             EXHAUSTED,
-            num_workers=self._num_workers,
+            num_workers=self._starting_workers(loader),
             max_in_flight=self._batches_in_flight(loader),
+            # Each worker of an iterable dataset owns a stream: its pool keeps its size.
+            max_workers=None if spec.is_iterable else self._max_workers(loader),
             in_order=self._in_order,
             # Each worker owns a stream of an iterable dataset, so tasks go
             # to workers in turn, as in torch; map-style tasks go to
@@ -76,11 +144,11 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
             shutdown_grace=SHUTDOWN_GRACE_S,
         )
 
-    def _to_batch(self, data: Any) -> Any:
-        """What the engine delivered, as the batch to yield."""
+    def _to_batch(self, data: Any) -> tuple[int, Any]:
+        """What the engine delivered, as (sample count, the batch to yield)."""
         if isinstance(data, ExceptionWrapper):
             data.reraise()
-        return data
+        return data  # type: ignore[no-any-return]
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
@@ -88,6 +156,7 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
             # First epoch, or a persistent iterator whose workers were stopped
             # (Ctrl-C in a notebook): start them.
             self._engine = self._start_engine(loader)
+            self._recorder.engine_started(self._engine)
             _live_iterators.add(self)
         elif not first_iter:
             # A persistent iterator's next epoch: drop what is left of the last one.
@@ -105,13 +174,18 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
             except StopIteration:
                 self._sampler_done = True
                 return
-            if not engine.submit(index):
+            if not self._submit(engine, index):
                 # Every worker of an iterable dataset is exhausted.
                 self._sampler_done = True
+
+    def _submit(self, engine: Any, index: Any) -> bool:
+        samples = len(index) if self._auto_collation else 1
+        return bool(engine.submit(index, samples))
 
     def _next_data(self) -> Any:
         if self._engine is None:
             raise StopIteration  # finished or stopped, as torch's iterator stays
+        asked = time.perf_counter()
         while True:
             try:
                 data = self._engine.next(self._timeout)
@@ -128,10 +202,12 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
                 # Leave now: workers still inside the dataset finish on their own.
                 self._shutdown(0.0)
                 raise
+            waited = time.perf_counter() - asked
             # Refill before handing the batch over, as torch does: after k
             # batches the sampler has been advanced exactly as far as torch's.
             self._submit_ready()
-            data = self._to_batch(data)
+            samples, data = self._to_batch(data)
+            self._report(samples, waited)
             if self._pin_memory:
                 data = pin_memory(data, self._pin_memory_device)
             return data
@@ -142,6 +218,7 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter):
             self._engine = None
             _live_iterators.discard(self)
             engine.shutdown(grace)
+            self._recorder.engine_stopped(engine)
 
     def __del__(self) -> None:
         self._shutdown(SHUTDOWN_GRACE_S)
@@ -161,19 +238,25 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         batch_size = loader.batch_size or 1
         return SampleEngine(
             worker_factory(self._worker_spec(loader), samples=True),
-            num_workers=self._num_workers,
+            num_workers=self._starting_workers(loader),
+            max_workers=self._max_workers(loader),
             max_samples_in_flight=self._batches_in_flight(loader) * batch_size,
             max_batch_size=batch_size,
             sample_timeout=loader.sample_timeout,
             timeout_warmup=loader.sample_timeout_warmup,
             max_slow_in_flight=(
-                self._num_workers if loader.max_slow_samples is None else loader.max_slow_samples
+                self._starting_workers(loader)
+                if loader.max_slow_samples is None
+                else loader.max_slow_samples
             ),
             shutdown_grace=SHUTDOWN_GRACE_S,
         )
 
-    def _to_batch(self, data: Any) -> Any:
+    def _submit(self, engine: Any, index: Any) -> bool:
+        return bool(engine.submit(index))
+
+    def _to_batch(self, data: Any) -> tuple[int, Any]:
         for sample in data:
             if isinstance(sample, ExceptionWrapper):
                 sample.reraise()
-        return self._collate_fn(data)
+        return len(data), self._collate_fn(data)

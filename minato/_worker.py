@@ -70,8 +70,9 @@ def worker_factory(
     """The `make_worker` the engine calls on each new worker thread.
 
     Its `run(epoch, index)` loads one batch (the index list torch's batch
-    sampler gave) and collates it, or, with `samples`, loads a run of single
-    samples and returns them uncollated, one output per index.
+    sampler gave) and returns ``(sample count, collated batch)``, or, with
+    `samples`, loads a run of single samples and returns them uncollated, one
+    output per index.
     """
 
     def make_worker(worker_id: int) -> Callable[[int, Any], Any]:
@@ -155,7 +156,7 @@ class _MapFetcher:
                 except Exception:
                     return ExceptionWrapper(where=_where(self.worker_id, i))
         try:
-            return self.collate_fn(data)
+            return len(data) if self.auto_collation else 1, self.collate_fn(data)
         except Exception:
             return ExceptionWrapper(where=_where(self.worker_id))
 
@@ -214,6 +215,6 @@ class _IterableFetcher:
         except Exception:
             return ExceptionWrapper(where=_where(self.worker_id))
         try:
-            return spec.collate_fn(data)
+            return len(data) if spec.auto_collation else 1, spec.collate_fn(data)
         except Exception:
             return ExceptionWrapper(where=_where(self.worker_id))

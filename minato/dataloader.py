@@ -8,10 +8,20 @@ from typing import Any
 import torch.utils.data
 from torch.utils.data import Dataset, Sampler
 
-from minato._iterator import _SampleDataLoaderIter, _ThreadDataLoaderIter
+from minato._iterator import (
+    _CallingThreadDataLoaderIter,
+    _SampleDataLoaderIter,
+    _ThreadDataLoaderIter,
+)
+from minato._stats import LoaderStats, StatsRecorder
 
 # Samples profiled before sample_timeout="auto" sets its first timeout.
 DEFAULT_TIMEOUT_WARMUP = 64
+# The adaptive pool's default bound. I/O-bound datasets (remote storage,
+# sleeps in decoders) want dozens of threads whatever the core count; where
+# more threads stop paying (the cores are busy, or the dataset holds the
+# GIL), the controller's throughput check stops growth well below it.
+DEFAULT_MAX_WORKERS = 64
 
 
 def sampler_shuffles(sampler: object) -> bool:
@@ -44,6 +54,23 @@ class DataLoader(torch.utils.data.DataLoader):
     with the training loop. ``WorkerInfo.dataset`` is the dataset itself, not
     a copy. Exceptions from a worker read ``Caught {Type} in DataLoader worker
     thread {id} (sample index {idx})``.
+
+    minato's own options (keyword-only, each kept as a public attribute):
+
+    - ``sample_timeout``, ``sample_timeout_warmup``, ``max_slow_samples``: the
+      per-sample timeout of out-of-order batching (see the README).
+    - ``adaptive`` (default True): resize the worker pool while running,
+      starting from ``num_workers``: grow (by at most 2 at a time) while the
+      training loop waits for data and each step raises samples/s; shrink
+      while batches pile up unused. Map-style datasets only: each worker of
+      an IterableDataset owns a stream, so its count stays fixed.
+      ``num_workers`` keeps the value given; ``stats().workers`` is the live
+      count.
+    - ``max_workers`` (default ``max(num_workers, 64)``): the adaptive bound.
+    - ``log_interval`` (seconds, default None): log a one-line summary through
+      the ``minato`` logger at most this often while iterating.
+
+    ``stats()`` tells where the time goes; ``print(loader.stats())`` shows a table.
     """
 
     def __init__(
@@ -69,8 +96,12 @@ class DataLoader(torch.utils.data.DataLoader):
         sample_timeout: float | str | None = "auto",
         sample_timeout_warmup: int = DEFAULT_TIMEOUT_WARMUP,
         max_slow_samples: int | None = None,
+        adaptive: bool = True,
+        max_workers: int | None = None,
+        log_interval: float | None = None,
     ) -> None:
         _check_minato_options(sample_timeout, sample_timeout_warmup, max_slow_samples)
+        _check_adaptive_options(adaptive, max_workers, log_interval, num_workers)
         # Set before torch's constructor, whose validation may raise: whether
         # the user chose the batches decides how far they may be reordered.
         self._batch_sampler_given = batch_sampler is not None
@@ -98,6 +129,20 @@ class DataLoader(torch.utils.data.DataLoader):
         self.sample_timeout = sample_timeout
         self.sample_timeout_warmup = sample_timeout_warmup
         self.max_slow_samples = max_slow_samples
+        self.adaptive = adaptive
+        self.max_workers = max_workers
+        self.log_interval = log_interval
+        self._stats_recorder = StatsRecorder()
+
+    def stats(self) -> LoaderStats:
+        """Where the time went since this loader was first iterated."""
+        return self._stats_recorder.snapshot()
+
+    def effective_max_workers(self) -> int:
+        """The adaptive pool's bound: ``max_workers``, or its default."""
+        if self.max_workers is not None:
+            return self.max_workers
+        return max(self.num_workers, DEFAULT_MAX_WORKERS)
 
     def reorders(self) -> bool:
         """Whether batches may leave the sampler's order: ``in_order=False``,
@@ -109,7 +154,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def _get_iterator(self) -> torch.utils.data.dataloader._BaseDataLoaderIter:
         if self.num_workers == 0:
-            return super()._get_iterator()
+            return _CallingThreadDataLoaderIter(self)
         if not self.reorders():
             return _ThreadDataLoaderIter(self, in_order=True)
         samples_may_move = (
@@ -160,4 +205,31 @@ def _check_minato_options(
         raise ValueError(
             "max_slow_samples option should be a non-negative integer or None, "
             f"but got max_slow_samples={max_slow_samples!r}"
+        )
+
+
+def _check_adaptive_options(
+    adaptive: object, max_workers: object, log_interval: object, num_workers: int
+) -> None:
+    if not isinstance(adaptive, bool):
+        raise TypeError(f"adaptive should be a bool, but got adaptive={adaptive!r}")
+    if max_workers is not None:
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+            raise ValueError(
+                "max_workers option should be a positive integer or None, "
+                f"but got max_workers={max_workers!r}"
+            )
+        if isinstance(num_workers, int) and max_workers < num_workers:
+            raise ValueError(
+                "max_workers option should be at least num_workers, but got "
+                f"max_workers={max_workers} and num_workers={num_workers}"
+            )
+    if log_interval is not None and (
+        isinstance(log_interval, bool)
+        or not isinstance(log_interval, (int, float))
+        or not log_interval > 0
+    ):
+        raise ValueError(
+            "log_interval option should be a positive number of seconds or None, "
+            f"but got log_interval={log_interval!r}"
         )

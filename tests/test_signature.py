@@ -28,7 +28,14 @@ def test_signature_matches_torch_except_in_order_default() -> None:
         assert ours[name].default == expected_default, name
 
 
-MINATO_OPTIONS = {"sample_timeout": "auto", "sample_timeout_warmup": 64, "max_slow_samples": None}
+MINATO_OPTIONS = {
+    "sample_timeout": "auto",
+    "sample_timeout_warmup": 64,
+    "max_slow_samples": None,
+    "adaptive": True,
+    "max_workers": None,
+    "log_interval": None,
+}
 
 
 def test_minato_options_come_after_torchs_keyword_only_and_are_public_attributes() -> None:
@@ -39,14 +46,16 @@ def test_minato_options_come_after_torchs_keyword_only_and_are_public_attributes
     for name, param in extra.items():
         assert param.kind == inspect.Parameter.KEYWORD_ONLY
         assert param.default == MINATO_OPTIONS[name]
-    loader = minato.DataLoader(
-        RangeDataset(), sample_timeout=0.5, sample_timeout_warmup=10, max_slow_samples=3
+    given = dict(
+        sample_timeout=0.5,
+        sample_timeout_warmup=10,
+        max_slow_samples=3,
+        adaptive=False,
+        max_workers=7,
+        log_interval=2.5,
     )
-    assert (loader.sample_timeout, loader.sample_timeout_warmup, loader.max_slow_samples) == (
-        0.5,
-        10,
-        3,
-    )
+    loader = minato.DataLoader(RangeDataset(), num_workers=2, **given)
+    assert {name: getattr(loader, name) for name in given} == given
 
 
 @pytest.mark.parametrize(
@@ -60,6 +69,12 @@ def test_minato_options_come_after_torchs_keyword_only_and_are_public_attributes
         (dict(sample_timeout_warmup=2.5), ValueError),
         (dict(max_slow_samples=-1), ValueError),
         (dict(max_slow_samples="2"), ValueError),
+        (dict(adaptive=1), TypeError),
+        (dict(max_workers=0), ValueError),
+        (dict(max_workers=2.0), ValueError),
+        (dict(max_workers=1, num_workers=2), ValueError),
+        (dict(log_interval=0), ValueError),
+        (dict(log_interval="1s"), ValueError),
     ],
 )
 def test_invalid_minato_options_are_refused(kwargs, error) -> None:

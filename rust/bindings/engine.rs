@@ -3,9 +3,11 @@
 use std::time::Duration;
 
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use super::errors::LoaderError;
 use super::locked::Locked;
+use super::stats::{self, GilWait};
 use super::worker::PythonWorker;
 use crate::engine::{Dispatch, Engine, EngineConfig, EngineError, Order};
 
@@ -13,13 +15,14 @@ use crate::engine::{Dispatch, Engine, EngineConfig, EngineError, Order};
 #[pyclass(name = "Engine", module = "minato._minato", frozen)]
 pub(crate) struct PyEngine {
     engine: Locked<Engine<PythonWorker>>,
+    gil_wait: GilWait,
 }
 
 #[pymethods]
 impl PyEngine {
     #[new]
     #[allow(clippy::too_many_arguments)] // one per keyword argument
-    #[pyo3(signature = (make_worker, exhausted, *, num_workers, max_in_flight, in_order, round_robin, shutdown_grace))]
+    #[pyo3(signature = (make_worker, exhausted, *, num_workers, max_in_flight, in_order, round_robin, shutdown_grace, max_workers=None))]
     fn new(
         py: Python<'_>,
         make_worker: Py<PyAny>,
@@ -29,6 +32,7 @@ impl PyEngine {
         in_order: bool,
         round_robin: bool,
         shutdown_grace: f64,
+        max_workers: Option<usize>,
     ) -> PyResult<Self> {
         let config = EngineConfig {
             num_workers,
@@ -44,16 +48,20 @@ impl PyEngine {
                 Dispatch::Shared
             },
             shutdown_grace: Duration::from_secs_f64(shutdown_grace.max(0.0)),
+            adaptive: stats::adaptive(num_workers, max_workers),
         };
+        let gil_wait = GilWait::default();
         let hooks = PythonWorker {
             make_worker,
             exhausted,
+            gil_wait: gil_wait.clone(),
         };
         let engine = py
             .detach(|| Engine::start(config, hooks))
             .map_err(LoaderError::from)?;
         Ok(PyEngine {
             engine: Locked::new(engine),
+            gil_wait,
         })
     }
 
@@ -73,9 +81,20 @@ impl PyEngine {
         self.engine.quick(py, |engine| engine.pending())
     }
 
-    /// Queues a payload; False when every worker is exhausted for this epoch.
-    fn submit(&self, py: Python<'_>, payload: Py<PyAny>) -> PyResult<bool> {
-        match self.engine.quick(py, |engine| engine.submit(payload)) {
+    /// The engine's figures, as a dict (see `minato.LoaderStats`).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let snapshot = self.engine.quick(py, |engine| engine.stats());
+        stats::to_dict(py, &snapshot, &self.gil_wait)
+    }
+
+    /// Queues a payload of `samples` samples; False when every worker is
+    /// exhausted for this epoch.
+    #[pyo3(signature = (payload, samples=1))]
+    fn submit(&self, py: Python<'_>, payload: Py<PyAny>, samples: usize) -> PyResult<bool> {
+        match self
+            .engine
+            .quick(py, |engine| engine.submit_samples(payload, samples))
+        {
             Ok(()) => Ok(true),
             Err(EngineError::NoActiveWorker) => Ok(false),
             Err(err) => Err(LoaderError::from(err).into()),

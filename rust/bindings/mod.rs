@@ -5,6 +5,7 @@ mod engine;
 mod errors;
 mod locked;
 mod sample_engine;
+mod stats;
 mod worker;
 
 use pyo3::prelude::*;

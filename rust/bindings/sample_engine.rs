@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyDict, PyList};
 
 use super::errors::LoaderError;
 use super::locked::Locked;
+use super::stats::{self, GilWait};
 use super::worker::PythonSampleWorker;
 use crate::engine::{SampleEngine, SampleEngineConfig, SampleTimeout};
 
@@ -18,13 +19,14 @@ type Engine = SampleEngine<Py<PyAny>, PyResult<Py<PyAny>>, PythonSampleWorker>;
 #[pyclass(name = "SampleEngine", module = "minato._minato", frozen)]
 pub(crate) struct PySampleEngine {
     engine: Locked<Engine>,
+    gil_wait: GilWait,
 }
 
 #[pymethods]
 impl PySampleEngine {
     #[new]
     #[allow(clippy::too_many_arguments)] // one per keyword argument
-    #[pyo3(signature = (make_worker, *, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace))]
+    #[pyo3(signature = (make_worker, *, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace, max_workers=None))]
     fn new(
         py: Python<'_>,
         make_worker: Py<PyAny>,
@@ -35,6 +37,7 @@ impl PySampleEngine {
         timeout_warmup: u64,
         max_slow_in_flight: usize,
         shutdown_grace: f64,
+        max_workers: Option<usize>,
     ) -> PyResult<Self> {
         let sample_timeout = match sample_timeout {
             None => SampleTimeout::Off,
@@ -56,13 +59,19 @@ impl PySampleEngine {
             sample_timeout,
             max_slow_in_flight,
             shutdown_grace: Duration::from_secs_f64(shutdown_grace.max(0.0)),
+            adaptive: stats::adaptive(num_workers, max_workers),
         };
-        let hooks = PythonSampleWorker { make_worker };
+        let gil_wait = GilWait::default();
+        let hooks = PythonSampleWorker {
+            make_worker,
+            gil_wait: gil_wait.clone(),
+        };
         let engine = py
             .detach(|| Engine::start(config, hooks))
             .map_err(LoaderError::from)?;
         Ok(PySampleEngine {
             engine: Locked::new(engine),
+            gil_wait,
         })
     }
 
@@ -84,6 +93,12 @@ impl PySampleEngine {
     #[getter]
     fn slow_samples(&self, py: Python<'_>) -> u64 {
         self.engine.quick(py, |engine| engine.slow_samples())
+    }
+
+    /// The engine's figures, as a dict (see `minato.LoaderStats`).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let snapshot = self.engine.quick(py, |engine| engine.stats());
+        stats::to_dict(py, &snapshot, &self.gil_wait)
     }
 
     /// Whether `submit` accepts a batch now (the in-flight bound).

@@ -3,6 +3,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
+use super::stats::GilWait;
 use crate::engine::{Outcome, WorkerHooks};
 
 /// Runs a worker thread's whole life attached to the interpreter.
@@ -27,6 +28,7 @@ pub(crate) struct PythonWorker {
     pub make_worker: Py<PyAny>,
     /// What `run(epoch, payload)` returns when its worker has no more data.
     pub exhausted: Py<PyAny>,
+    pub gil_wait: GilWait,
 }
 
 impl WorkerHooks for PythonWorker {
@@ -48,7 +50,7 @@ impl WorkerHooks for PythonWorker {
         epoch: u64,
         payload: Py<PyAny>,
     ) -> Outcome<Self::Output> {
-        Python::attach(|py| {
+        self.gil_wait.attach(|py| {
             let run = match state {
                 Ok(run) => run,
                 Err(err) => return Outcome::Value(Err(err.clone_ref(py))),
@@ -66,6 +68,7 @@ impl WorkerHooks for PythonWorker {
 pub(crate) struct PythonSampleWorker {
     /// `make_worker(worker_id) -> run`, called once on each worker thread.
     pub make_worker: Py<PyAny>,
+    pub gil_wait: GilWait,
 }
 
 impl WorkerHooks for PythonSampleWorker {
@@ -87,7 +90,7 @@ impl WorkerHooks for PythonSampleWorker {
         epoch: u64,
         indices: Self::Payload,
     ) -> Outcome<Self::Output> {
-        Python::attach(|py| {
+        self.gil_wait.attach(|py| {
             let count = indices.len();
             let samples: PyResult<Vec<Py<PyAny>>> = state
                 .as_ref()

@@ -59,6 +59,11 @@ impl<S> Assembler<S> {
         self.sizes.len()
     }
 
+    /// Finished samples waiting for their batch.
+    pub fn ready_samples(&self) -> usize {
+        self.fast.len() + self.slow.len()
+    }
+
     /// Samples submitted and not yet delivered: what bounds memory.
     pub fn samples_in_flight(&self) -> usize {
         self.unfinished + self.fast.len() + self.slow.len()

@@ -6,6 +6,8 @@
 //! into the user's dataset. Everything here is tested by `cargo test`.
 
 mod assembler;
+mod controller;
+mod cpu;
 mod dispatch;
 mod error;
 mod fetch_times;
@@ -16,9 +18,11 @@ mod sample_scheduler;
 mod sample_timeout;
 mod scheduler;
 mod sequencer;
+mod stats;
 mod task;
 mod workers;
 
+pub use controller::{Controller, ControllerConfig, Window};
 pub use dispatch::Dispatch;
 pub use error::EngineError;
 pub use lifecycle::Lifecycle;
@@ -27,6 +31,7 @@ pub use sample_scheduler::{SampleEngine, SampleEngineConfig};
 pub use sample_timeout::SampleTimeout;
 pub use scheduler::{Engine, EngineConfig};
 pub use sequencer::Order;
+pub use stats::EngineStats;
 pub use task::Outcome;
 
 #[cfg(test)]

@@ -1,14 +1,18 @@
-//! The thread that watches running tasks for the slow-sample timeout.
+//! The engine's background thread: it flags tasks that run past the
+//! slow-sample timeout and, when adaptive, resizes the worker pool.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, RecvTimeoutError, Sender};
 
+use super::controller::{Controller, ControllerConfig, Window};
+use super::cpu::CpuSampler;
 use super::error::EngineError;
 use super::pool::{Pool, WorkerHooks};
+use super::stats::Occupancy;
 
 /// The timeout the monitor applies, in nanoseconds; 0 means none yet.
 pub(crate) type SharedTimeout = Arc<AtomicU64>;
@@ -34,6 +38,54 @@ fn tick_for(timeout: Option<Duration>) -> Duration {
     })
 }
 
+/// What the monitor watches for.
+pub(crate) struct MonitorConfig {
+    /// The slow-sample timeout and the most replacements for slow workers.
+    pub slow_samples: Option<(SharedTimeout, usize)>,
+    /// Resize the pool within these bounds.
+    pub adaptive: Option<ControllerConfig>,
+}
+
+/// A window is judged once it is this long...
+const MIN_WINDOW: Duration = Duration::from_millis(10);
+/// ...and saw this many samples finish per worker (fewer make the rate a
+/// matter of where the window's edges fell), or once it is this long.
+const SAMPLES_PER_WORKER: u64 = 4;
+const MIN_SAMPLES: u64 = 32;
+const MAX_WINDOW: Duration = Duration::from_secs(1);
+
+/// The adaptive half of the monitor: measures windows, asks the controller.
+struct Adapter {
+    controller: Controller,
+    cpu: CpuSampler,
+    occupancy: Arc<Occupancy>,
+    window_start: Instant,
+    samples_at_start: u64,
+}
+
+impl Adapter {
+    fn tick<W: WorkerHooks>(&mut self, pool: &Pool<W>) {
+        let elapsed = self.window_start.elapsed();
+        let done = pool.shared.samples_done.load(Ordering::Relaxed);
+        let finished = done.saturating_sub(self.samples_at_start);
+        let enough = (SAMPLES_PER_WORKER * self.controller.workers() as u64).max(MIN_SAMPLES);
+        if elapsed < MIN_WINDOW || (finished < enough && elapsed < MAX_WINDOW) {
+            return;
+        }
+        let window = Window {
+            throughput: finished as f64 / elapsed.as_secs_f64(),
+            occupancy: self.occupancy.take_window(),
+            cpu: self.cpu.usage(),
+        };
+        let workers = self.controller.observe(window);
+        if workers != pool.target() {
+            pool.set_target(workers);
+        }
+        self.window_start = Instant::now();
+        self.samples_at_start = done;
+    }
+}
+
 /// A running monitor; stopped and joined on drop.
 pub(crate) struct Monitor {
     stop: Option<Sender<()>>,
@@ -41,20 +93,45 @@ pub(crate) struct Monitor {
 }
 
 impl Monitor {
+    /// Starts the thread, or nothing when there is nothing to watch.
     pub fn start<W: WorkerHooks>(
         pool: Arc<Pool<W>>,
-        timeout: SharedTimeout,
-        max_slow: usize,
+        config: MonitorConfig,
+        occupancy: Arc<Occupancy>,
     ) -> Result<Self, EngineError> {
+        let adaptive = config.adaptive.filter(|_| pool.resizable());
+        if config.slow_samples.is_none() && adaptive.is_none() {
+            return Ok(Monitor {
+                stop: None,
+                handle: None,
+            });
+        }
+        let mut adapter = adaptive.map(|controller| Adapter {
+            controller: Controller::new(controller, pool.target()),
+            cpu: CpuSampler::new(),
+            occupancy,
+            window_start: Instant::now(),
+            samples_at_start: 0,
+        });
+        let slow_samples = config.slow_samples;
         let (stop, stopped) = bounded::<()>(0);
         let handle = thread::Builder::new()
             .name("minato-monitor".to_owned())
             .spawn(move || loop {
-                let current = load_timeout(&timeout);
-                match stopped.recv_timeout(tick_for(current)) {
+                let timeout = slow_samples
+                    .as_ref()
+                    .and_then(|(shared, _)| load_timeout(shared));
+                let mut tick = tick_for(timeout);
+                if adapter.is_some() {
+                    tick = tick.min(MIN_WINDOW);
+                }
+                match stopped.recv_timeout(tick) {
                     Err(RecvTimeoutError::Timeout) => {
-                        if let Some(timeout) = current {
-                            pool.flag_overdue(timeout, max_slow);
+                        if let (Some(timeout), Some((_, max_slow))) = (timeout, &slow_samples) {
+                            pool.flag_overdue(timeout, *max_slow);
+                        }
+                        if let Some(adapter) = &mut adapter {
+                            adapter.tick(&pool);
                         }
                     }
                     _ => return,

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::error::EngineError;
 use super::task::{Done, Finished, Task};
@@ -50,6 +50,11 @@ struct Busy {
     flagged_slow: bool,
 }
 
+/// How often an idle worker checks whether the pool has shrunk past it.
+const IDLE_CHECK: Duration = Duration::from_millis(50);
+/// Most entries kept in the worker-count history (the oldest go first).
+const MAX_HISTORY: usize = 4096;
+
 /// Worker bookkeeping, behind one lock: it changes once or twice per task.
 struct PoolState {
     /// Threads running their loop.
@@ -63,6 +68,8 @@ struct PoolState {
     busy: HashMap<usize, Busy>,
     next_worker_id: usize,
     handles: Vec<JoinHandle<()>>,
+    /// (time since the pool started, target) at the start and each change.
+    history: Vec<(Duration, usize)>,
 }
 
 /// State shared by the consumer, the monitor and every worker thread.
@@ -71,6 +78,11 @@ pub(crate) struct PoolShared {
     pub stop: AtomicBool,
     /// The consumer's current epoch: workers skip tasks of older ones.
     pub epoch: AtomicU64,
+    /// Samples of tasks run to completion (not cancelled), every epoch.
+    pub samples_done: AtomicU64,
+    /// Nanoseconds workers spent running tasks, every epoch.
+    pub busy_nanos: AtomicU64,
+    started: Instant,
     state: Mutex<PoolState>,
     a_worker_exited: Condvar,
 }
@@ -80,6 +92,16 @@ impl PoolState {
     /// each worker stuck on a slow task, up to `max_slow`.
     fn wanted(&self) -> usize {
         self.target + self.flagged.min(self.max_slow)
+    }
+
+    /// Counts the calling worker out when the pool has more workers than it
+    /// wants; the caller must then leave its loop.
+    fn retire_if_surplus(&mut self) -> bool {
+        let surplus = self.live > self.wanted();
+        if surplus {
+            self.live -= 1;
+        }
+        surplus
     }
 }
 
@@ -136,6 +158,9 @@ impl<W: WorkerHooks> Pool<W> {
             shared: Arc::new(PoolShared {
                 stop: AtomicBool::new(false),
                 epoch: AtomicU64::new(0),
+                samples_done: AtomicU64::new(0),
+                busy_nanos: AtomicU64::new(0),
+                started: Instant::now(),
                 state: Mutex::new(PoolState {
                     live: 0,
                     flagged: 0,
@@ -144,6 +169,7 @@ impl<W: WorkerHooks> Pool<W> {
                     busy: HashMap::new(),
                     next_worker_id: 0,
                     handles: Vec::with_capacity(target),
+                    history: vec![(Duration::ZERO, target)],
                 }),
                 a_worker_exited: Condvar::new(),
             }),
@@ -194,6 +220,47 @@ impl<W: WorkerHooks> Pool<W> {
     /// Threads currently running their loop.
     pub fn live_workers(&self) -> usize {
         self.shared.state().live
+    }
+
+    /// How many workers are kept free for fast tasks.
+    pub fn target(&self) -> usize {
+        self.shared.state().target
+    }
+
+    /// Whether the pool can be resized: its workers share one task queue.
+    pub fn resizable(&self) -> bool {
+        self.shared_tasks.is_some()
+    }
+
+    /// (time since the pool started, target) at the start and each change.
+    pub fn history(&self) -> Vec<(Duration, usize)> {
+        self.shared.state().history.clone()
+    }
+
+    /// Sets how many workers are kept free for fast tasks (at least one).
+    /// Growing starts threads at once; shrinking lets surplus workers leave
+    /// after their current task, or within [`IDLE_CHECK`] when idle. A pool
+    /// whose workers own their queues keeps its size. Returns the target.
+    pub fn set_target(&self, target: usize) -> usize {
+        let Some(tasks) = &self.shared_tasks else {
+            return self.target();
+        };
+        let mut state = self.shared.state();
+        let target = target.max(1);
+        if target != state.target {
+            state.target = target;
+            let at = self.shared.started.elapsed();
+            if state.history.len() == MAX_HISTORY {
+                state.history.remove(0);
+            }
+            state.history.push((at, target));
+        }
+        while state.live < state.wanted() && !self.shared.stop.load(Ordering::Acquire) {
+            if self.spawn_worker(&mut state, tasks.clone()).is_err() {
+                break;
+            }
+        }
+        target
     }
 
     /// Flags every task that has run past `timeout` per sample as slow, and
@@ -286,7 +353,19 @@ fn worker_main<W: WorkerHooks>(
     hooks.enter_thread(worker_id, &mut || {
         let mut state = catch_unwind(AssertUnwindSafe(|| hooks.init(worker_id)))
             .map_err(|payload| panic_message(&*payload));
-        while let Ok(task) = tasks.recv() {
+        loop {
+            let task = match tasks.recv_timeout(IDLE_CHECK) {
+                Ok(task) => task,
+                Err(RecvTimeoutError::Timeout) => {
+                    // Idle: leave if the pool shrank.
+                    if shared.state().retire_if_surplus() {
+                        retired = true;
+                        break;
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
             if shared.stop.load(Ordering::Acquire) {
                 break;
             }
@@ -312,6 +391,13 @@ fn worker_main<W: WorkerHooks>(
                 }
             };
             let elapsed = started.elapsed();
+            if matches!(finished, Finished::Ran(_)) {
+                shared
+                    .samples_done
+                    .fetch_add(task.samples as u64, Ordering::Relaxed);
+                let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+                shared.busy_nanos.fetch_add(nanos, Ordering::Relaxed);
+            }
             let slow = {
                 let mut pool = shared.state();
                 let flagged = pool
@@ -320,12 +406,10 @@ fn worker_main<W: WorkerHooks>(
                     .is_some_and(|busy| busy.flagged_slow);
                 if flagged {
                     pool.flagged -= 1;
-                    // A replacement took this worker's place: one of the two goes.
-                    if pool.live > pool.wanted() {
-                        pool.live -= 1;
-                        retired = true;
-                    }
                 }
+                // A replacement took a slow worker's place, or the pool
+                // shrank: surplus workers go.
+                retired = pool.retire_if_surplus();
                 flagged
             };
             let done = Done {

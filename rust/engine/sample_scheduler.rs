@@ -7,13 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::assembler::Assembler;
+use super::controller::ControllerConfig;
 use super::dispatch::Dispatch;
 use super::error::EngineError;
 use super::fetch_times::FetchTimes;
 use super::lifecycle::Lifecycle;
-use super::monitor::{store_timeout, Monitor, SharedTimeout};
+use super::monitor::{store_timeout, MonitorConfig, SharedTimeout};
 use super::pool::WorkerHooks;
 use super::sample_timeout::{SampleTimeout, TimeoutEstimator};
+use super::scheduler::FETCH_WINDOW;
+use super::stats::EngineStats;
 use super::task::{Done, Finished, Outcome};
 use super::workers::Workers;
 
@@ -22,7 +25,8 @@ use super::workers::Workers;
 pub struct SampleEngineConfig {
     /// Workers kept free for fast samples.
     pub num_workers: usize,
-    /// Most samples submitted and not yet delivered.
+    /// Most samples submitted and not yet delivered with `num_workers`
+    /// workers; it scales with the pool when it grows.
     pub max_samples_in_flight: usize,
     /// The largest batch `submit` will be given.
     pub max_batch_size: usize,
@@ -32,6 +36,8 @@ pub struct SampleEngineConfig {
     pub max_slow_in_flight: usize,
     /// How long dropping the engine waits for a worker still inside a task.
     pub shutdown_grace: Duration,
+    /// Resize the pool while running.
+    pub adaptive: Option<ControllerConfig>,
 }
 
 /// A task should take at least this long, so that the per-task cost
@@ -49,7 +55,6 @@ where
     W: WorkerHooks<Payload = Vec<P>, Output = Vec<S>>,
 {
     workers: Workers<W>,
-    monitor: Monitor,
     assembler: Assembler<S>,
     timeout: TimeoutEstimator,
     shared_timeout: SharedTimeout,
@@ -70,28 +75,26 @@ where
         let max_samples = config.max_samples_in_flight.max(max_batch_size);
         // Every task holds at least one sample, so tasks in flight never
         // outnumber samples in flight.
+        let shared_timeout = Arc::new(AtomicU64::new(0));
+        let timeout = TimeoutEstimator::new(config.sample_timeout);
+        store_timeout(&shared_timeout, timeout.current());
         let workers = Workers::start(
             hooks,
             Dispatch::Shared,
             config.num_workers,
             max_samples,
+            MonitorConfig {
+                slow_samples: Some((shared_timeout.clone(), config.max_slow_in_flight)),
+                adaptive: config.adaptive,
+            },
             config.shutdown_grace,
-        )?;
-        let shared_timeout = Arc::new(AtomicU64::new(0));
-        let timeout = TimeoutEstimator::new(config.sample_timeout);
-        store_timeout(&shared_timeout, timeout.current());
-        let monitor = Monitor::start(
-            workers.pool.clone(),
-            shared_timeout.clone(),
-            config.max_slow_in_flight,
         )?;
         Ok(SampleEngine {
             workers,
-            monitor,
             assembler: Assembler::new(),
             timeout,
             shared_timeout,
-            fetch_times: FetchTimes::new(256),
+            fetch_times: FetchTimes::new(FETCH_WINDOW),
             max_samples_in_flight: max_samples,
             max_batch_size,
             slow_samples: 0,
@@ -114,12 +117,28 @@ where
         self.slow_samples
     }
 
+    /// The in-flight bound, in samples, for the pool's size now.
+    fn samples_bound(&self) -> usize {
+        self.workers.scaled(self.max_samples_in_flight)
+    }
+
+    /// The engine's figures now.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            slow_samples: self.slow_samples,
+            sample_timeout: self.timeout.current(),
+            fetch_p50: self.fetch_times.percentile(0.5),
+            fetch_p90: self.fetch_times.percentile(0.9),
+            fetch_p99: self.fetch_times.percentile(0.99),
+            ..self.workers.stats()
+        }
+    }
+
     /// Whether another batch (of at most `max_batch_size`) fits under the
     /// in-flight bound now.
     pub fn can_submit(&self) -> bool {
         !self.workers.is_shut_down()
-            && self.assembler.samples_in_flight() + self.max_batch_size
-                <= self.max_samples_in_flight
+            && self.assembler.samples_in_flight() + self.max_batch_size <= self.samples_bound()
     }
 
     /// Batches of this epoch submitted and not yet delivered.
@@ -171,6 +190,9 @@ where
         if self.workers.is_shut_down() {
             return Err(EngineError::ShutDown);
         }
+        let ready =
+            self.assembler.ready_samples() + self.workers.results_waiting() * self.run_length();
+        self.workers.record_occupancy(ready, self.samples_bound());
         loop {
             if let Some(err) = &self.broken {
                 return Err(err.clone());
@@ -228,14 +250,10 @@ where
     }
 
     fn shutdown(&mut self, grace: Duration) -> usize {
-        // The monitor first: it could otherwise start a replacement worker
-        // while the pool is stopping.
-        self.monitor.stop();
         self.workers.shutdown(grace)
     }
 
     fn shutdown_with_default_grace(&mut self) -> usize {
-        self.monitor.stop();
         self.workers.shutdown_with_default_grace()
     }
 }

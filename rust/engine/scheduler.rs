@@ -3,11 +3,15 @@
 
 use std::time::Duration;
 
+use super::controller::ControllerConfig;
 use super::dispatch::Dispatch;
 use super::error::EngineError;
+use super::fetch_times::FetchTimes;
 use super::lifecycle::Lifecycle;
+use super::monitor::MonitorConfig;
 use super::pool::WorkerHooks;
 use super::sequencer::{Order, Sequencer};
+use super::stats::EngineStats;
 use super::task::{Done, Finished, Outcome};
 use super::workers::Workers;
 
@@ -16,14 +20,20 @@ use super::workers::Workers;
 pub struct EngineConfig {
     pub num_workers: usize,
     /// Most tasks submitted and not yet delivered (queued, running, or
-    /// finished and waiting for their turn). This is what bounds memory:
-    /// every queue is sized to it.
+    /// finished and waiting for their turn) with `num_workers` workers; it
+    /// scales with the pool when it grows. This is what bounds memory:
+    /// every queue is sized to its largest value.
     pub max_in_flight: usize,
     pub order: Order,
     pub dispatch: Dispatch,
+    /// Resize the pool while running (shared dispatch only).
+    pub adaptive: Option<ControllerConfig>,
     /// How long dropping the engine waits for a worker still inside a task.
     pub shutdown_grace: Duration,
 }
+
+/// Per-sample fetch times kept for the percentiles.
+pub(crate) const FETCH_WINDOW: usize = 1024;
 
 /// Runs tasks on worker threads and hands their outputs back in order.
 ///
@@ -32,6 +42,7 @@ pub struct Engine<W: WorkerHooks> {
     workers: Workers<W>,
     sequencer: Sequencer<W::Output>,
     max_in_flight: usize,
+    fetch_times: FetchTimes,
 }
 
 impl<W: WorkerHooks> Engine<W> {
@@ -43,12 +54,17 @@ impl<W: WorkerHooks> Engine<W> {
             config.dispatch,
             config.num_workers,
             max_in_flight,
+            MonitorConfig {
+                slow_samples: None,
+                adaptive: config.adaptive,
+            },
             config.shutdown_grace,
         )?;
         Ok(Engine {
             workers,
             sequencer: Sequencer::new(config.order),
             max_in_flight,
+            fetch_times: FetchTimes::new(FETCH_WINDOW),
         })
     }
 
@@ -57,9 +73,29 @@ impl<W: WorkerHooks> Engine<W> {
         self.workers.live()
     }
 
+    /// The in-flight bound for the pool's size now.
+    fn in_flight_bound(&self) -> usize {
+        self.workers.scaled(self.max_in_flight)
+    }
+
     /// Whether `submit` would accept a task now.
     pub fn can_submit(&self) -> bool {
-        !self.workers.is_shut_down() && self.pending() < self.max_in_flight
+        !self.workers.is_shut_down() && self.pending() < self.in_flight_bound()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn workers_for_tests(&self) -> &Workers<W> {
+        &self.workers
+    }
+
+    /// The engine's figures now.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            fetch_p50: self.fetch_times.percentile(0.5),
+            fetch_p90: self.fetch_times.percentile(0.9),
+            fetch_p99: self.fetch_times.percentile(0.99),
+            ..self.workers.stats()
+        }
     }
 
     /// Tasks of the current epoch that may still deliver an output.
@@ -67,15 +103,25 @@ impl<W: WorkerHooks> Engine<W> {
         self.sequencer.pending()
     }
 
-    /// Queues a task for the workers.
+    /// Queues a task of one sample.
     pub fn submit(&mut self, payload: W::Payload) -> Result<(), EngineError> {
+        self.submit_samples(payload, 1)
+    }
+
+    /// Queues a task of `samples` samples: its fetch time is shared among
+    /// them, and they count towards the throughput.
+    pub fn submit_samples(
+        &mut self,
+        payload: W::Payload,
+        samples: usize,
+    ) -> Result<(), EngineError> {
         if self.workers.is_shut_down() {
             return Err(EngineError::ShutDown);
         }
-        if self.pending() >= self.max_in_flight {
+        if self.pending() >= self.in_flight_bound() {
             return Err(EngineError::Full);
         }
-        self.workers.send(payload, 1)?;
+        self.workers.send(payload, samples.max(1))?;
         self.sequencer.submitted();
         Ok(())
     }
@@ -85,6 +131,8 @@ impl<W: WorkerHooks> Engine<W> {
         if self.workers.is_shut_down() {
             return Err(EngineError::ShutDown);
         }
+        let ready = self.sequencer.ready() + self.workers.results_waiting();
+        self.workers.record_occupancy(ready, self.in_flight_bound());
         loop {
             if let Some(item) = self.sequencer.pop() {
                 return item;
@@ -100,6 +148,10 @@ impl<W: WorkerHooks> Engine<W> {
     fn accept(&mut self, done: Done<W::Output>) {
         if done.epoch != self.workers.epoch() {
             return;
+        }
+        if matches!(done.finished, Finished::Ran(_)) {
+            self.fetch_times
+                .record(done.elapsed / done.samples.max(1) as u32);
         }
         let item = match done.finished {
             Finished::Ran(Outcome::Value(value)) => Some(Ok(value)),

@@ -82,6 +82,11 @@ impl<R> Sequencer<R> {
         }
     }
 
+    /// Finished tasks held here, waiting for delivery (or for their turn).
+    pub fn ready(&self) -> usize {
+        self.waiting.len() + self.ready.len()
+    }
+
     /// Tasks of this epoch that may still deliver something.
     pub fn pending(&self) -> usize {
         let buffered = match self.order {

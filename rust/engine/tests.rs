@@ -66,6 +66,7 @@ fn config(
         order,
         dispatch,
         shutdown_grace: Duration::from_secs(10),
+        adaptive: None,
     }
 }
 
@@ -403,6 +404,7 @@ fn start_samples(
         sample_timeout,
         max_slow_in_flight,
         shutdown_grace: Duration::from_secs(10),
+        adaptive: None,
     };
     let engine = Samples::start(
         config,
@@ -529,4 +531,114 @@ proptest! {
         drop(engine);
         prop_assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
     }
+}
+
+// ---- adaptive worker count ----
+
+/// Waits (bounded) until `check` holds.
+fn eventually(mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::time::Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+#[test]
+fn an_adaptive_engine_grows_on_scaling_work_and_delivers_everything_once() {
+    let mut cfg = config(1, 2, Order::Completion, Dispatch::Shared);
+    cfg.adaptive = Some(ControllerConfig::new(1, 6));
+    let (mut engine, inside) = start(cfg);
+    // Sleeping tasks scale with threads, and the consumer never waits for them.
+    let jobs: Vec<Job> = (0..600)
+        .map(|value| Job::Value {
+            value,
+            sleep_us: 2_000,
+        })
+        .collect();
+    let mut values: Vec<u64> = run_all(&mut engine, &jobs)
+        .into_iter()
+        .map(|r| r.unwrap().1)
+        .collect();
+    values.sort_unstable();
+    assert_eq!(values, (0..600).collect::<Vec<_>>());
+    let stats = engine.stats();
+    assert!(
+        stats.worker_history.iter().any(|&(_, n)| n > 1),
+        "{:?}",
+        stats.worker_history
+    );
+    assert!(stats
+        .worker_history
+        .iter()
+        .all(|&(_, n)| (1..=6).contains(&n)));
+    assert_eq!(stats.samples_loaded, 600);
+    assert!(stats.occupancy.is_some());
+    engine.shutdown(WAIT);
+    assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
+}
+
+#[test]
+fn a_round_robin_engine_keeps_its_size() {
+    let mut cfg = config(2, 4, Order::Submission, Dispatch::RoundRobin);
+    cfg.adaptive = Some(ControllerConfig::new(1, 8));
+    let (mut engine, _) = start(cfg);
+    let jobs: Vec<Job> = (0..200)
+        .map(|value| Job::Value {
+            value,
+            sleep_us: 1_000,
+        })
+        .collect();
+    assert_eq!(run_all(&mut engine, &jobs).len(), 200);
+    assert_eq!(engine.stats().worker_history.len(), 1);
+    assert_eq!(engine.num_workers(), 2);
+}
+
+#[test]
+fn a_shrunk_pool_lets_idle_workers_go_and_a_grown_one_starts_them() {
+    let (mut engine, inside) = start(config(4, 8, Order::Completion, Dispatch::Shared));
+    let pool = engine.workers_for_tests().pool_for_tests();
+    pool.set_target(1);
+    assert!(eventually(|| engine.num_workers() == 1));
+    assert!(eventually(|| inside.load(AtomicOrdering::SeqCst) == 1));
+    pool.set_target(3);
+    assert_eq!(engine.num_workers(), 3);
+    let jobs: Vec<Job> = (0..30)
+        .map(|value| Job::Value { value, sleep_us: 0 })
+        .collect();
+    assert_eq!(run_all(&mut engine, &jobs).len(), 30);
+    let history: Vec<usize> = engine
+        .stats()
+        .worker_history
+        .iter()
+        .map(|&(_, n)| n)
+        .collect();
+    assert_eq!(history, [4, 1, 3]);
+    engine.shutdown(WAIT);
+    assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
+}
+
+#[test]
+fn fetch_percentiles_and_busy_time_are_reported() {
+    let (mut engine, _) = start(config(2, 4, Order::Submission, Dispatch::Shared));
+    let jobs: Vec<Job> = (0..20)
+        .map(|value| Job::Value {
+            value,
+            sleep_us: 500,
+        })
+        .collect();
+    run_all(&mut engine, &jobs);
+    let stats = engine.stats();
+    let (p50, p90, p99) = (
+        stats.fetch_p50.unwrap(),
+        stats.fetch_p90.unwrap(),
+        stats.fetch_p99.unwrap(),
+    );
+    assert!(p50 <= p90 && p90 <= p99);
+    assert!(p50 >= Duration::from_micros(500));
+    assert!(stats.busy >= Duration::from_micros(500) * 20);
+    assert_eq!(stats.samples_loaded, 20);
 }

@@ -9,12 +9,19 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
 
 use super::dispatch::{Dispatch, Dispatcher};
 use super::error::EngineError;
+use super::monitor::{Monitor, MonitorConfig};
 use super::pool::{Pool, WorkerHooks};
+use super::stats::{EngineStats, Occupancy};
 use super::task::{Done, Task};
 
 /// Sends tasks to worker threads and receives what they finished.
 pub(crate) struct Workers<W: WorkerHooks> {
-    pub pool: Arc<Pool<W>>,
+    pool: Arc<Pool<W>>,
+    monitor: Monitor,
+    occupancy: Arc<Occupancy>,
+    /// The worker count asked for at the start: in-flight bounds are given
+    /// for it and scale with the pool when it grows.
+    initial_workers: usize,
     dispatcher: Dispatcher<W::Payload>,
     results: Receiver<Done<W::Output>>,
     /// Tasks sent whose result has not been received yet, any epoch.
@@ -25,23 +32,44 @@ pub(crate) struct Workers<W: WorkerHooks> {
 }
 
 impl<W: WorkerHooks> Workers<W> {
-    /// Starts `workers` threads. `capacity` bounds the tasks in flight: the
-    /// caller never sends more than that many tasks without receiving, and
+    /// Starts `workers` threads, and the monitor. `capacity` bounds the
+    /// tasks in flight with `workers` workers; [`Self::scaled`] gives the
+    /// bound for the pool's current size, up to the monitor's largest. The
+    /// caller never sends more tasks than that without receiving, and
     /// `end_epoch` drains the old epoch's results before new tasks go out,
-    /// so no queue sized to it ever blocks a worker.
+    /// so no queue sized to the largest bound ever blocks a worker.
     pub fn start(
         hooks: W,
         dispatch: Dispatch,
         workers: usize,
         capacity: usize,
+        monitor: MonitorConfig,
         shutdown_grace: Duration,
     ) -> Result<Self, EngineError> {
+        let workers = workers.max(1);
         let capacity = capacity.max(1);
-        let (dispatcher, receivers) = Dispatcher::new(dispatch, workers.max(1), capacity);
-        let (result_tx, results) = bounded(capacity);
+        let largest_pool = monitor
+            .adaptive
+            .as_ref()
+            .map_or(workers, |adaptive| adaptive.max_workers.max(workers));
+        let queue_capacity = scale(capacity, largest_pool, workers);
+        let (dispatcher, receivers) = Dispatcher::new(dispatch, workers, queue_capacity);
+        let (result_tx, results) = bounded(queue_capacity);
         let pool = Pool::start(hooks, receivers, result_tx)?;
+        let occupancy = Arc::new(Occupancy::default());
+        let monitor = match Monitor::start(pool.clone(), monitor, occupancy.clone()) {
+            Ok(monitor) => monitor,
+            Err(err) => {
+                drop(dispatcher); // closes the queues: idle workers leave
+                pool.shutdown(Duration::ZERO);
+                return Err(err);
+            }
+        };
         Ok(Workers {
             pool,
+            monitor,
+            occupancy,
+            initial_workers: workers,
             dispatcher,
             results,
             unreceived: 0,
@@ -58,6 +86,40 @@ impl<W: WorkerHooks> Workers<W> {
     /// Worker threads running now.
     pub fn live(&self) -> usize {
         self.pool.live_workers()
+    }
+
+    /// `bound`, given for the starting worker count, for the pool's size
+    /// now; never below `bound`, so shrinking keeps the user's prefetch.
+    pub fn scaled(&self, bound: usize) -> usize {
+        scale(bound, self.pool.target(), self.initial_workers)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn pool_for_tests(&self) -> &Arc<Pool<W>> {
+        &self.pool
+    }
+
+    /// Records how full the ready queue is as the consumer asks for more.
+    pub fn record_occupancy(&self, ready: usize, capacity: usize) {
+        self.occupancy.record(ready, capacity);
+    }
+
+    /// Finished tasks waiting in the result queue.
+    pub fn results_waiting(&self) -> usize {
+        self.results.len()
+    }
+
+    /// The figures the worker side knows; engines add their own.
+    pub fn stats(&self) -> EngineStats {
+        let shared = &self.pool.shared;
+        EngineStats {
+            workers: self.live(),
+            worker_history: self.pool.history(),
+            samples_loaded: shared.samples_done.load(Ordering::Relaxed),
+            busy: Duration::from_nanos(shared.busy_nanos.load(Ordering::Relaxed)),
+            occupancy: self.occupancy.mean(),
+            ..EngineStats::default()
+        }
     }
 
     pub fn epoch(&self) -> u64 {
@@ -130,6 +192,9 @@ impl<W: WorkerHooks> Workers<W> {
             return 0;
         }
         self.shut_down = true;
+        // The monitor first: it could otherwise start a worker while the
+        // pool is stopping.
+        self.monitor.stop();
         self.dispatcher.close();
         self.pool.shutdown(grace)
     }
@@ -138,6 +203,12 @@ impl<W: WorkerHooks> Workers<W> {
     pub fn shutdown_with_default_grace(&mut self) -> usize {
         self.shutdown(self.shutdown_grace)
     }
+}
+
+/// `bound` × `workers` / `initial`, rounded up, and never below `bound`.
+fn scale(bound: usize, workers: usize, initial: usize) -> usize {
+    let initial = initial.max(1);
+    (bound * workers.max(initial)).div_ceil(initial)
 }
 
 impl<W: WorkerHooks> Drop for Workers<W> {

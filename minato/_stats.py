@@ -1,0 +1,214 @@
+"""Where a loader's time goes: LoaderStats, and the recorder behind it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("minato")
+
+# The hint that the dataset holds the GIL is given when workers spent more
+# than this share of their fetch time waiting for it...
+GIL_BOUND_SHARE = 0.5
+# ...and only once enough was loaded to judge.
+GIL_HINT_MIN_SAMPLES = 100
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """A loader's figures since it was created, over all its epochs.
+
+    ``print(loader.stats())`` shows them as a table. Times are in seconds.
+    """
+
+    samples: int = 0
+    """Samples delivered to the training loop (the sum of the batch sizes)."""
+    batches: int = 0
+    """Batches delivered to the training loop."""
+    slow_samples: int = 0
+    """Samples that ran past the per-sample timeout and were flagged slow."""
+    sample_timeout: float | None = None
+    """The per-sample timeout now; None while warming up, when off, or for
+    batch-level loading."""
+    workers: int = 0
+    """Worker threads running now (replacements for slow samples included);
+    0 when loading in the calling thread. ``loader.num_workers`` keeps the
+    value the loader was created with."""
+    worker_history: tuple[tuple[float, int], ...] = ()
+    """(seconds since the loader's first iterator started, worker count) at
+    each start of workers and each change the adaptive controller made."""
+    fetch_p50: float | None = None
+    """Median time a worker spent on one sample (recent samples)."""
+    fetch_p90: float | None = None
+    fetch_p99: float | None = None
+    gil_wait: float = 0.0
+    """Total time worker threads waited to take the GIL before running the
+    dataset's code (measured in Rust)."""
+    fetch_time: float = 0.0
+    """Total time worker threads spent loading (GIL waits included)."""
+    starved: float = 0.0
+    """Total time the training loop waited inside ``__next__`` for a batch."""
+    queue_occupancy: float | None = None
+    """Mean share of the prefetch bound that was loaded and waiting when the
+    training loop asked for a batch: near 0, the loop waits for data; near 1,
+    data is ahead of the loop."""
+    elapsed: float = 0.0
+    """Seconds since the loader's first iterator started."""
+
+    @property
+    def gil_share(self) -> float | None:
+        """The share of fetch time spent waiting for the GIL."""
+        return self.gil_wait / self.fetch_time if self.fetch_time > 0 else None
+
+    def summary(self) -> str:
+        """One line, as ``log_interval`` logs it."""
+        rate = self.samples / self.elapsed if self.elapsed > 0 else 0.0
+        return (
+            f"minato: {self.batches} batches, {self.samples} samples ({rate:.0f}/s), "
+            f"{self.workers} workers, starved {self.starved:.2f}s, "
+            f"fetch p50 {_ms(self.fetch_p50)}, gil wait {self.gil_wait:.2f}s, "
+            f"slow {self.slow_samples}, ready queue {_share(self.queue_occupancy)}"
+        )
+
+    def __str__(self) -> str:
+        rate = self.samples / self.elapsed if self.elapsed > 0 else 0.0
+        changes = ", ".join(f"{count}@{at:.2f}s" for at, count in self.worker_history[-8:])
+        rows = [
+            ("samples", f"{self.samples} ({rate:.1f}/s over {self.elapsed:.2f}s)"),
+            ("batches", str(self.batches)),
+            ("workers", str(self.workers)),
+            ("worker history", changes or "-"),
+            (
+                "fetch p50 / p90 / p99",
+                " / ".join(map(_ms, (self.fetch_p50, self.fetch_p90, self.fetch_p99))),
+            ),
+            ("fetch time (all workers)", f"{self.fetch_time:.3f}s"),
+            ("GIL wait", f"{self.gil_wait:.3f}s ({_share(self.gil_share)} of fetch time)"),
+            ("starved (loop waited)", f"{self.starved:.3f}s"),
+            ("ready-queue occupancy", _share(self.queue_occupancy)),
+            ("slow samples", str(self.slow_samples)),
+            ("sample timeout", _ms(self.sample_timeout)),
+        ]
+        width = max(len(name) for name, _ in rows)
+        lines = ["minato LoaderStats"] + [f"  {name:<{width}}  {value}" for name, value in rows]
+        return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"
+
+
+def _share(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction:.0%}"
+
+
+class StatsRecorder:
+    """A loader's running totals; iterators report to it.
+
+    Counters of engines that have stopped are folded in when they stop;
+    the live engine's are read when stats are asked for.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.started: float | None = None
+        self.samples = 0
+        self.batches = 0
+        self.starved = 0.0
+        # Totals of engines that have stopped.
+        self._closed: dict[str, Any] = {"gil_wait": 0.0, "busy": 0.0, "slow_samples": 0}
+        self._history: list[tuple[float, int]] = []
+        self._last: dict[str, Any] = {}
+        self._live: Any = None
+        self._live_offset = 0.0
+        self.gil_hint_given = False
+        # The worker count the adaptive controller last settled on: the next
+        # iterator (a new epoch without persistent workers) starts there.
+        self.learned_workers: int | None = None
+
+    def engine_started(self, engine: Any) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            if self.started is None:
+                self.started = now
+            self._live = engine
+            self._live_offset = now - self.started
+
+    def engine_stopped(self, engine: Any) -> None:
+        figures = engine.stats()
+        with self._lock:
+            if self._live is engine:
+                self._live = None
+            self._fold(figures, self._live_offset)
+
+    def _fold(self, figures: dict[str, Any], offset: float) -> None:
+        self._closed["gil_wait"] += figures["gil_wait"]
+        self._closed["busy"] += figures["busy"]
+        self._closed["slow_samples"] += figures["slow_samples"]
+        self._history.extend((offset + at, count) for at, count in figures["worker_history"])
+        if figures["worker_history"]:
+            self.learned_workers = figures["worker_history"][-1][1]
+        self._last = figures
+
+    def delivered(self, samples: int, waited: float) -> None:
+        """The training loop got a batch of `samples` after waiting `waited` seconds."""
+        self.samples += samples
+        self.batches += 1
+        self.starved += waited
+
+    def snapshot(self) -> LoaderStats:
+        with self._lock:
+            live = self._live
+            offset = self._live_offset
+            closed = dict(self._closed)
+            history = list(self._history)
+            last = self._last
+            started = self.started
+        if live is not None:
+            figures = live.stats()
+            history.extend((offset + at, count) for at, count in figures["worker_history"])
+            gil_wait = closed["gil_wait"] + figures["gil_wait"]
+            busy = closed["busy"] + figures["busy"]
+            slow = closed["slow_samples"] + figures["slow_samples"]
+            workers = figures["workers"]
+        else:
+            figures = last
+            gil_wait, busy, slow = closed["gil_wait"], closed["busy"], closed["slow_samples"]
+            workers = 0
+        return LoaderStats(
+            samples=self.samples,
+            batches=self.batches,
+            slow_samples=slow,
+            sample_timeout=figures.get("sample_timeout"),
+            workers=workers,
+            worker_history=tuple(history),
+            fetch_p50=figures.get("fetch_p50"),
+            fetch_p90=figures.get("fetch_p90"),
+            fetch_p99=figures.get("fetch_p99"),
+            gil_wait=gil_wait,
+            fetch_time=busy,
+            starved=self.starved,
+            queue_occupancy=figures.get("queue_occupancy"),
+            elapsed=0.0 if started is None else time.perf_counter() - started,
+        )
+
+    def check_gil(self) -> None:
+        """Logs, once, that the dataset's Python code serialises the workers
+        when they spend most of their fetch time waiting for the GIL."""
+        if self.gil_hint_given:
+            return
+        stats = self.snapshot()
+        share = stats.gil_share
+        if stats.samples < GIL_HINT_MIN_SAMPLES or share is None or share < GIL_BOUND_SHARE:
+            return
+        self.gil_hint_given = True
+        logger.warning(
+            "minato: worker threads spent %.0f%% of their fetch time waiting for the GIL: "
+            "the dataset's Python code holds it and serialises the workers, so more "
+            "workers will not help. Move the heavy work to code that releases the GIL "
+            "(numpy, torch ops, minato.io decoders) or keep num_workers small.",
+            share * 100,
+        )

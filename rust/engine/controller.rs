@@ -1,0 +1,293 @@
+//! The adaptive worker-count controller: pure logic over measured windows,
+//! so that it can be tested on synthetic signals.
+//!
+//! MinatoLoader (paper §4.3, Formula 1) grows the pool when the ready queue
+//! runs empty and shrinks it when the queue stays full, in bounded steps.
+//! That alone cannot tell work that scales with threads (I/O, code that
+//! releases the GIL) from work that does not (code that holds the GIL, or
+//! cores already busy): more threads then only add contention. So every
+//! growth step is a probe: the throughput of the window after it is compared
+//! with the window before, and a step that did not raise samples/s by at
+//! least half of what the added workers should give is taken back; the
+//! count it reached becomes a ceiling for a while. A saturated CPU stops
+//! growth outright.
+
+/// What the engine measured over one window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Window {
+    /// Samples finished per second.
+    pub throughput: f64,
+    /// Mean ready-queue occupancy (0..=1) seen by the consumer when it asked
+    /// for a batch: 0 means it always had to wait. None when it did not ask.
+    pub occupancy: Option<f64>,
+    /// The process's CPU use over recent time, as a fraction of all cores;
+    /// None until known.
+    pub cpu: Option<f64>,
+}
+
+/// The controller's bounds and thresholds.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// Fewest workers (at least 1).
+    pub min_workers: usize,
+    /// Most workers.
+    pub max_workers: usize,
+    /// Largest change per decision (MinatoLoader's clip to ±2).
+    pub max_step: usize,
+    /// Occupancy below which the consumer is starving: grow.
+    pub starving_below: f64,
+    /// Occupancy above which data is well ahead of the consumer: shrink.
+    pub ahead_above: f64,
+    /// CPU use at or above which no worker is added.
+    pub cpu_saturated: f64,
+    /// A growth step must raise throughput by this fraction of the ideal
+    /// gain (linear in the worker count) to be kept.
+    pub min_gain_share: f64,
+    /// Decisions during which a count found useless is not probed again.
+    pub ceiling_windows: u32,
+}
+
+impl ControllerConfig {
+    pub fn new(min_workers: usize, max_workers: usize) -> Self {
+        let min_workers = min_workers.max(1);
+        ControllerConfig {
+            min_workers,
+            max_workers: max_workers.max(min_workers),
+            max_step: 2,
+            starving_below: 0.5,
+            ahead_above: 0.9,
+            cpu_saturated: 0.9,
+            min_gain_share: 0.5,
+            ceiling_windows: 50,
+        }
+    }
+}
+
+/// A growth step waiting for the window that judges it.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    from: usize,
+    baseline: f64,
+}
+
+/// Decides the worker count, one window at a time.
+#[derive(Debug, Clone)]
+pub struct Controller {
+    config: ControllerConfig,
+    workers: usize,
+    /// Moving average of the occupancy.
+    occupancy: Option<f64>,
+    probe: Option<Probe>,
+    /// A count that did not pay, and for how many more decisions it holds.
+    ceiling: Option<(usize, u32)>,
+}
+
+impl Controller {
+    pub fn new(config: ControllerConfig, workers: usize) -> Self {
+        let workers = workers.clamp(config.min_workers, config.max_workers);
+        Controller {
+            config,
+            workers,
+            occupancy: None,
+            probe: None,
+            ceiling: None,
+        }
+    }
+
+    /// The worker count decided so far.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// Takes one window's measurements; returns the worker count to use next.
+    pub fn observe(&mut self, window: Window) -> usize {
+        self.occupancy = match (self.occupancy, window.occupancy) {
+            (Some(average), Some(now)) => Some(0.5 * average + 0.5 * now),
+            (average, now) => now.or(average),
+        };
+        if let Some((at, left)) = self.ceiling {
+            self.ceiling = (left > 1).then_some((at, left - 1));
+        }
+        if let Some(probe) = self.probe.take() {
+            if !self.paid_off(probe, window.throughput) {
+                self.ceiling = Some((probe.from, self.config.ceiling_windows));
+                self.workers = probe.from;
+            }
+            return self.workers;
+        }
+        let Some(occupancy) = self.occupancy else {
+            return self.workers;
+        };
+        let config = &self.config;
+        if occupancy < config.starving_below {
+            let limit = match self.ceiling {
+                Some((at, _)) => at.min(config.max_workers),
+                None => config.max_workers,
+            };
+            let cpu_saturated = window.cpu.is_some_and(|cpu| cpu >= config.cpu_saturated);
+            if self.workers < limit && !cpu_saturated {
+                let to = (self.workers + config.max_step).min(limit);
+                self.probe = Some(Probe {
+                    from: self.workers,
+                    baseline: window.throughput,
+                });
+                self.workers = to;
+            }
+        } else if occupancy > config.ahead_above && self.workers > config.min_workers {
+            self.workers -= 1;
+        }
+        self.workers
+    }
+
+    /// Whether going from `probe.from` to the current count raised
+    /// throughput enough.
+    fn paid_off(&self, probe: Probe, throughput: f64) -> bool {
+        if probe.baseline <= 0.0 {
+            // Nothing finished before the step (a cold start): keep it.
+            return true;
+        }
+        let ideal_gain = (self.workers - probe.from) as f64 / probe.from as f64;
+        let gain = throughput / probe.baseline - 1.0;
+        gain >= self.config.min_gain_share * ideal_gain
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #[test]
+        fn steps_are_bounded_and_the_count_stays_in_range(
+            min in 1usize..4,
+            span in 0usize..40,
+            start in 0usize..60,
+            windows in prop::collection::vec(
+                (0.0f64..1e5, prop::option::of(0.0f64..=1.0), prop::option::of(0.0f64..=1.0)),
+                1..200,
+            ),
+        ) {
+            let max = min + span;
+            let mut controller = Controller::new(ControllerConfig::new(min, max), start);
+            let mut before = controller.workers();
+            prop_assert!((min..=max).contains(&before));
+            for (throughput, occupancy, cpu) in windows {
+                let after = controller.observe(Window { throughput, occupancy, cpu });
+                prop_assert!((min..=max).contains(&after));
+                prop_assert!(after.abs_diff(before) <= 2);
+                before = after;
+            }
+        }
+    }
+
+    fn window(throughput: f64, occupancy: f64, cpu: Option<f64>) -> Window {
+        Window {
+            throughput,
+            occupancy: Some(occupancy),
+            cpu,
+        }
+    }
+
+    /// Runs the controller against a workload whose throughput is
+    /// `rate(workers)`, with the consumer always starving.
+    fn settle(
+        controller: &mut Controller,
+        rate: impl Fn(usize) -> f64,
+        windows: usize,
+    ) -> Vec<usize> {
+        (0..windows)
+            .map(|_| {
+                let throughput = rate(controller.workers());
+                controller.observe(window(throughput, 0.0, Some(0.2)))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn scaling_work_grows_in_steps_of_two_up_to_the_maximum() {
+        let mut controller = Controller::new(ControllerConfig::new(1, 16), 2);
+        let counts = settle(&mut controller, |n| 100.0 * n as f64, 40);
+        assert!(counts.windows(2).all(|w| w[1].abs_diff(w[0]) <= 2));
+        assert_eq!(controller.workers(), 16);
+    }
+
+    #[test]
+    fn work_that_does_not_scale_returns_to_where_it_started() {
+        // GIL-bound: throughput is flat in the worker count.
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
+        let counts = settle(&mut controller, |_| 300.0, 10);
+        assert_eq!(counts[0], 4, "one probe");
+        assert_eq!(counts[1], 2, "taken back");
+        assert!(counts[2..].iter().all(|&n| n == 2), "{counts:?}");
+    }
+
+    #[test]
+    fn growth_stops_where_the_gain_ends() {
+        // Scales linearly up to 10 workers, flat after.
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
+        let counts = settle(&mut controller, |n| 100.0 * n.min(10) as f64, 30);
+        assert_eq!(*counts.last().unwrap(), 10, "{counts:?}");
+        assert!(counts.iter().all(|&n| n <= 12));
+    }
+
+    #[test]
+    fn a_ceiling_expires_and_the_count_is_probed_again() {
+        let mut config = ControllerConfig::new(1, 64);
+        config.ceiling_windows = 5;
+        let mut controller = Controller::new(config, 2);
+        let counts = settle(&mut controller, |_| 300.0, 12);
+        assert_eq!(counts.iter().filter(|&&n| n == 4).count(), 2, "{counts:?}");
+    }
+
+    #[test]
+    fn a_saturated_cpu_adds_no_worker() {
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
+        for _ in 0..10 {
+            assert_eq!(controller.observe(window(500.0, 0.0, Some(0.95))), 2);
+        }
+    }
+
+    #[test]
+    fn a_full_ready_queue_shrinks_one_at_a_time_down_to_the_minimum() {
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 5);
+        let counts: Vec<usize> = (0..8)
+            .map(|_| controller.observe(window(100.0, 1.0, Some(0.1))))
+            .collect();
+        assert_eq!(counts, [4, 3, 2, 1, 1, 1, 1, 1]);
+    }
+
+    #[test]
+    fn a_half_full_queue_holds_the_count() {
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 6);
+        for _ in 0..10 {
+            assert_eq!(controller.observe(window(100.0, 0.7, None)), 6);
+        }
+    }
+
+    #[test]
+    fn without_a_consumer_request_only_a_pending_probe_is_judged() {
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
+        let idle = Window {
+            throughput: 100.0,
+            occupancy: None,
+            cpu: None,
+        };
+        assert_eq!(controller.observe(idle), 2);
+        assert_eq!(controller.observe(window(100.0, 0.0, None)), 4);
+        assert_eq!(controller.observe(idle), 2, "no gain: taken back");
+    }
+
+    #[test]
+    fn the_count_stays_within_bounds_whatever_the_signals() {
+        let mut controller = Controller::new(ControllerConfig::new(2, 9), 30);
+        assert_eq!(controller.workers(), 9);
+        let signals = [(0.0, 0.0), (1e6, 0.0), (0.0, 1.0), (5.0, 0.3), (1e9, 0.0)];
+        for i in 0..200 {
+            let (throughput, occupancy) = signals[i % signals.len()];
+            let n = controller.observe(window(throughput, occupancy, None));
+            assert!((2..=9).contains(&n));
+        }
+    }
+}

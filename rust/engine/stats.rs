@@ -1,0 +1,84 @@
+//! What an engine reports about itself: a snapshot type, and the consumer's
+//! ready-queue occupancy, shared with the adaptive controller.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// An engine's figures at one moment. Times are totals since it started.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineStats {
+    /// Worker threads running now, replacements for slow samples included.
+    pub workers: usize,
+    /// (time since start, worker count decided) at the start and each change.
+    pub worker_history: Vec<(Duration, usize)>,
+    /// Samples the workers finished loading (delivered or not).
+    pub samples_loaded: u64,
+    /// Time workers spent inside tasks.
+    pub busy: Duration,
+    /// Mean ready-queue occupancy (0..=1) seen by the consumer when it asked
+    /// for the next batch; None before it asked.
+    pub occupancy: Option<f64>,
+    pub slow_samples: u64,
+    pub sample_timeout: Option<Duration>,
+    pub fetch_p50: Option<Duration>,
+    pub fetch_p90: Option<Duration>,
+    pub fetch_p99: Option<Duration>,
+}
+
+/// Occupancy in millionths, so that it fits an atomic counter.
+const SCALE: f64 = 1e6;
+
+/// Ready-queue occupancy as the consumer sees it when it asks for a batch:
+/// a running total, and the current window's for the controller.
+#[derive(Debug, Default)]
+pub(crate) struct Occupancy {
+    window_sum: AtomicU64,
+    window_count: AtomicU64,
+    total_sum: AtomicU64,
+    total_count: AtomicU64,
+}
+
+impl Occupancy {
+    pub fn record(&self, ready: usize, capacity: usize) {
+        let fraction = (ready as f64 / capacity.max(1) as f64).clamp(0.0, 1.0);
+        let scaled = (fraction * SCALE) as u64;
+        self.window_sum.fetch_add(scaled, Ordering::Relaxed);
+        self.window_count.fetch_add(1, Ordering::Relaxed);
+        self.total_sum.fetch_add(scaled, Ordering::Relaxed);
+        self.total_count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The mean since the last call; None when nothing was recorded.
+    pub fn take_window(&self) -> Option<f64> {
+        let count = self.window_count.swap(0, Ordering::Relaxed);
+        let sum = self.window_sum.swap(0, Ordering::Relaxed);
+        (count > 0).then(|| sum as f64 / SCALE / count as f64)
+    }
+
+    /// The mean since the start.
+    pub fn mean(&self) -> Option<f64> {
+        let count = self.total_count.load(Ordering::Relaxed);
+        let sum = self.total_sum.load(Ordering::Relaxed);
+        (count > 0).then(|| sum as f64 / SCALE / count as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn occupancy_windows_reset_and_the_total_does_not() {
+        let occupancy = Occupancy::default();
+        assert_eq!(occupancy.take_window(), None);
+        occupancy.record(0, 4);
+        occupancy.record(4, 4);
+        occupancy.record(9, 4); // clamped to full
+        let window = occupancy.take_window().unwrap();
+        assert!((window - 2.0 / 3.0).abs() < 1e-6);
+        assert_eq!(occupancy.take_window(), None);
+        occupancy.record(1, 4);
+        let mean = occupancy.mean().unwrap();
+        assert!((mean - (2.25 / 4.0)).abs() < 1e-6);
+    }
+}
