@@ -76,15 +76,13 @@ class LoaderStats:
     def __str__(self) -> str:
         rate = self.samples / self.elapsed if self.elapsed > 0 else 0.0
         changes = ", ".join(f"{count}@{at:.2f}s" for at, count in self.worker_history[-8:])
+        fetch = (self.fetch_p50, self.fetch_p90, self.fetch_p99)
         rows = [
             ("samples", f"{self.samples} ({rate:.1f}/s over {self.elapsed:.2f}s)"),
             ("batches", str(self.batches)),
             ("workers", str(self.workers)),
             ("worker history", changes or "-"),
-            (
-                "fetch p50 / p90 / p99",
-                " / ".join(map(_ms, (self.fetch_p50, self.fetch_p90, self.fetch_p99))),
-            ),
+            ("fetch p50 / p90 / p99", " / ".join(map(_ms, fetch))),
             ("fetch time (all workers)", f"{self.fetch_time:.3f}s"),
             ("GIL wait", f"{self.gil_wait:.3f}s ({_share(self.gil_share)} of fetch time)"),
             ("starved (loop waited)", f"{self.starved:.3f}s"),
