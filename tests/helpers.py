@@ -188,8 +188,10 @@ class CountingDataset(RangeDataset):
 
 def assert_prefetch_bounded(n: int, batch_size: int, **loader_kwargs: Any) -> None:
     """Iterates with a slow consumer, checking that the samples fetched ahead of
-    the consumer never exceed prefetch_factor x num_workers batches."""
-    bound = loader_kwargs["num_workers"] * loader_kwargs["prefetch_factor"] * batch_size
+    the consumer never exceed prefetch_factor x num_workers batches (x
+    max_workers for an adaptive pool)."""
+    workers = loader_kwargs.get("max_workers") or loader_kwargs["num_workers"]
+    bound = workers * loader_kwargs["prefetch_factor"] * batch_size
     dataset = CountingDataset(n)
     consumed = 0
     for batch in minato.DataLoader(dataset, batch_size=batch_size, **loader_kwargs):

@@ -121,7 +121,15 @@ def test_persistent_workers_restart_iterable_streams_each_epoch() -> None:
 @pytest.mark.parametrize("num_workers,prefetch_factor", [(1, 1), (2, 2), (3, 4)])
 def test_prefetch_factor_bounds_the_batches_in_flight(num_workers, prefetch_factor) -> None:
     assert_prefetch_bounded(
-        200, batch_size=2, num_workers=num_workers, prefetch_factor=prefetch_factor
+        200, batch_size=2, num_workers=num_workers, prefetch_factor=prefetch_factor, adaptive=False
+    )
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_an_adaptive_pool_bounds_prefetch_by_its_largest_size(in_order) -> None:
+    # The bound scales with the pool: prefetch_factor x max_workers batches at most.
+    assert_prefetch_bounded(
+        200, batch_size=2, num_workers=2, prefetch_factor=2, max_workers=3, in_order=in_order
     )
 
 

@@ -200,6 +200,7 @@ def test_no_replacement_with_max_slow_samples_zero() -> None:
         in_order=False,
         sample_timeout=0.01,
         max_slow_samples=0,
+        adaptive=False,
     )
     it = iter(loader)
     next(it)
@@ -264,7 +265,12 @@ def test_sample_errors_keep_their_type_and_index() -> None:
 @pytest.mark.parametrize("num_workers,prefetch_factor", [(1, 1), (2, 2), (3, 1)])
 def test_prefetch_bounds_samples_in_flight(num_workers, prefetch_factor) -> None:
     assert_prefetch_bounded(
-        150, batch_size=3, num_workers=num_workers, prefetch_factor=prefetch_factor, in_order=False
+        150,
+        batch_size=3,
+        num_workers=num_workers,
+        prefetch_factor=prefetch_factor,
+        in_order=False,
+        adaptive=False,
     )
 
 

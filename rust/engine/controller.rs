@@ -9,8 +9,10 @@
 //! growth step is a probe: the throughput of the window after it is compared
 //! with the window before, and a step that did not raise samples/s by at
 //! least half of what the added workers should give is taken back; the
-//! count it reached becomes a ceiling for a while. A saturated CPU stops
-//! growth outright.
+//! count it reached becomes a ceiling for a while. A step that did not pay
+//! is followed by one probe downwards, kept only if one worker fewer loses
+//! nothing: work that holds the GIL often runs fastest on a single thread.
+//! A saturated CPU stops growth outright.
 
 /// What the engine measured over one window.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -57,8 +59,8 @@ impl ControllerConfig {
             starving_below: 0.5,
             ahead_above: 0.9,
             cpu_saturated: 0.9,
-            min_gain_share: 0.5,
-            ceiling_windows: 50,
+            min_gain_share: 0.3,
+            ceiling_windows: 20,
         }
     }
 }
@@ -68,6 +70,12 @@ impl ControllerConfig {
 struct Probe {
     from: usize,
     baseline: f64,
+}
+
+impl Probe {
+    fn downwards(&self, to: usize) -> bool {
+        to < self.from
+    }
 }
 
 /// Decides the worker count, one window at a time.
@@ -80,6 +88,8 @@ pub struct Controller {
     probe: Option<Probe>,
     /// A count that did not pay, and for how many more decisions it holds.
     ceiling: Option<(usize, u32)>,
+    /// A growth step just failed: try one worker fewer next.
+    try_fewer: bool,
 }
 
 impl Controller {
@@ -91,6 +101,7 @@ impl Controller {
             occupancy: None,
             probe: None,
             ceiling: None,
+            try_fewer: false,
         }
     }
 
@@ -110,9 +121,20 @@ impl Controller {
         }
         if let Some(probe) = self.probe.take() {
             if !self.paid_off(probe, window.throughput) {
-                self.ceiling = Some((probe.from, self.config.ceiling_windows));
+                if !probe.downwards(self.workers) {
+                    self.ceiling = Some((probe.from, self.config.ceiling_windows));
+                    self.try_fewer = true;
+                }
                 self.workers = probe.from;
             }
+            return self.workers;
+        }
+        if std::mem::take(&mut self.try_fewer) && self.workers > self.config.min_workers {
+            self.probe = Some(Probe {
+                from: self.workers,
+                baseline: window.throughput,
+            });
+            self.workers -= 1;
             return self.workers;
         }
         let Some(occupancy) = self.occupancy else {
@@ -140,11 +162,14 @@ impl Controller {
     }
 
     /// Whether going from `probe.from` to the current count raised
-    /// throughput enough.
+    /// throughput enough, or, downwards, lost none.
     fn paid_off(&self, probe: Probe, throughput: f64) -> bool {
         if probe.baseline <= 0.0 {
             // Nothing finished before the step (a cold start): keep it.
             return true;
+        }
+        if probe.downwards(self.workers) {
+            return throughput >= probe.baseline;
         }
         let ideal_gain = (self.workers - probe.from) as f64 / probe.from as f64;
         let gain = throughput / probe.baseline - 1.0;
@@ -220,7 +245,18 @@ mod tests {
         let counts = settle(&mut controller, |_| 300.0, 10);
         assert_eq!(counts[0], 4, "one probe");
         assert_eq!(counts[1], 2, "taken back");
-        assert!(counts[2..].iter().all(|&n| n == 2), "{counts:?}");
+        assert_eq!(counts[2], 1, "one fewer, probed");
+        assert_eq!(counts[3], 1, "kept: it lost nothing");
+        assert!(counts[4..].iter().all(|&n| n <= 2), "{counts:?}");
+    }
+
+    #[test]
+    fn one_worker_fewer_is_taken_back_when_it_loses_throughput() {
+        // Scales up to 2 workers (the cores), flat after.
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
+        let counts = settle(&mut controller, |n| 100.0 * n.min(2) as f64, 6);
+        assert_eq!(&counts[..4], &[4, 2, 1, 2], "{counts:?}");
+        assert!(counts[4..].iter().all(|&n| n == 2), "{counts:?}");
     }
 
     #[test]
@@ -228,7 +264,8 @@ mod tests {
         // Scales linearly up to 10 workers, flat after.
         let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
         let counts = settle(&mut controller, |n| 100.0 * n.min(10) as f64, 30);
-        assert_eq!(*counts.last().unwrap(), 10, "{counts:?}");
+        // Settled at 10 until the ceiling expires and 12 is probed again.
+        assert!(counts[12..28].iter().all(|&n| n == 10), "{counts:?}");
         assert!(counts.iter().all(|&n| n <= 12));
     }
 
@@ -237,8 +274,9 @@ mod tests {
         let mut config = ControllerConfig::new(1, 64);
         config.ceiling_windows = 5;
         let mut controller = Controller::new(config, 2);
-        let counts = settle(&mut controller, |_| 300.0, 12);
-        assert_eq!(counts.iter().filter(|&&n| n == 4).count(), 2, "{counts:?}");
+        let counts = settle(&mut controller, |n| 100.0 * n.min(2) as f64, 14);
+        // Probed at the start and again each time the ceiling expired.
+        assert_eq!(counts, [4, 2, 1, 2, 2, 2, 4, 2, 1, 2, 2, 2, 4, 2]);
     }
 
     #[test]
@@ -277,6 +315,7 @@ mod tests {
         assert_eq!(controller.observe(idle), 2);
         assert_eq!(controller.observe(window(100.0, 0.0, None)), 4);
         assert_eq!(controller.observe(idle), 2, "no gain: taken back");
+        assert_eq!(controller.observe(idle), 1, "one fewer, probed");
     }
 
     #[test]

@@ -46,30 +46,86 @@ pub(crate) struct MonitorConfig {
     pub adaptive: Option<ControllerConfig>,
 }
 
-/// A window is judged once it is this long...
-const MIN_WINDOW: Duration = Duration::from_millis(10);
-/// ...and saw this many samples finish per worker (fewer make the rate a
-/// matter of where the window's edges fell), or once it is this long.
-const SAMPLES_PER_WORKER: u64 = 4;
-const MIN_SAMPLES: u64 = 32;
+/// A window lasts at least this long...
+const MIN_WINDOW: Duration = Duration::from_millis(5);
+/// ...and two mean task durations, so that every worker finishes tasks in it...
+const TASKS_PER_WINDOW: u32 = 2;
+/// ...and sees this many samples finish per worker (fewer make the rate a
+/// matter of where the window's edges fell), unless it reaches the maximum.
+const SAMPLES_PER_WORKER: u64 = 3;
+const MIN_SAMPLES: u64 = 16;
 const MAX_WINDOW: Duration = Duration::from_secs(1);
+
+/// The pool's running totals at the start of a window.
+#[derive(Clone, Copy)]
+struct Mark {
+    at: Instant,
+    samples: u64,
+    tasks: u64,
+    busy_nanos: u64,
+}
+
+impl Mark {
+    fn now<W: WorkerHooks>(pool: &Pool<W>) -> Self {
+        let shared = &pool.shared;
+        Mark {
+            at: Instant::now(),
+            samples: shared.samples_done.load(Ordering::Relaxed),
+            tasks: shared.tasks_done.load(Ordering::Relaxed),
+            busy_nanos: shared.busy_nanos.load(Ordering::Relaxed),
+        }
+    }
+}
 
 /// The adaptive half of the monitor: measures windows, asks the controller.
 struct Adapter {
     controller: Controller,
     cpu: CpuSampler,
     occupancy: Arc<Occupancy>,
-    window_start: Instant,
-    samples_at_start: u64,
+    start: Mark,
+    /// Mean task duration, from the last window that finished tasks.
+    task_time: Duration,
+    /// The window after a resize only lets the new count take effect: it is
+    /// not measured, or a step would be judged on a pool still starting.
+    settling: bool,
 }
 
 impl Adapter {
+    fn new(controller: Controller, occupancy: Arc<Occupancy>, start: Mark) -> Self {
+        Adapter {
+            controller,
+            cpu: CpuSampler::new(),
+            occupancy,
+            start,
+            task_time: Duration::ZERO,
+            settling: false,
+        }
+    }
+
     fn tick<W: WorkerHooks>(&mut self, pool: &Pool<W>) {
-        let elapsed = self.window_start.elapsed();
-        let done = pool.shared.samples_done.load(Ordering::Relaxed);
-        let finished = done.saturating_sub(self.samples_at_start);
-        let enough = (SAMPLES_PER_WORKER * self.controller.workers() as u64).max(MIN_SAMPLES);
-        if elapsed < MIN_WINDOW || (finished < enough && elapsed < MAX_WINDOW) {
+        let now = Mark::now(pool);
+        let elapsed = now.at.duration_since(self.start.at);
+        // Settling only needs the added workers to pick up their first task.
+        let tasks_needed = if self.settling { 1 } else { TASKS_PER_WINDOW };
+        let min_window = MIN_WINDOW.max(self.task_time * tasks_needed);
+        if elapsed < min_window.min(MAX_WINDOW) {
+            return;
+        }
+        let finished = now.samples.saturating_sub(self.start.samples);
+        let tasks = now.tasks.saturating_sub(self.start.tasks);
+        let busy = now.busy_nanos.saturating_sub(self.start.busy_nanos);
+        if let Some(mean) = busy.checked_div(tasks) {
+            self.task_time = Duration::from_nanos(mean);
+        }
+        if self.settling {
+            self.settling = false;
+            self.occupancy.take_window();
+            self.start = now;
+            return;
+        }
+        let workers = self.controller.workers() as u64;
+        let enough = (SAMPLES_PER_WORKER * workers).max(MIN_SAMPLES);
+        if finished < enough && elapsed < MAX_WINDOW {
             return;
         }
         let window = Window {
@@ -77,12 +133,12 @@ impl Adapter {
             occupancy: self.occupancy.take_window(),
             cpu: self.cpu.usage(),
         };
-        let workers = self.controller.observe(window);
-        if workers != pool.target() {
-            pool.set_target(workers);
+        let decided = self.controller.observe(window);
+        if decided != pool.target() {
+            pool.set_target(decided);
+            self.settling = true;
         }
-        self.window_start = Instant::now();
-        self.samples_at_start = done;
+        self.start = now;
     }
 }
 
@@ -106,12 +162,9 @@ impl Monitor {
                 handle: None,
             });
         }
-        let mut adapter = adaptive.map(|controller| Adapter {
-            controller: Controller::new(controller, pool.target()),
-            cpu: CpuSampler::new(),
-            occupancy,
-            window_start: Instant::now(),
-            samples_at_start: 0,
+        let mut adapter = adaptive.map(|controller| {
+            let controller = Controller::new(controller, pool.target());
+            Adapter::new(controller, occupancy, Mark::now(&pool))
         });
         let slow_samples = config.slow_samples;
         let (stop, stopped) = bounded::<()>(0);

@@ -80,6 +80,8 @@ pub(crate) struct PoolShared {
     pub epoch: AtomicU64,
     /// Samples of tasks run to completion (not cancelled), every epoch.
     pub samples_done: AtomicU64,
+    /// Tasks run to completion, every epoch.
+    pub tasks_done: AtomicU64,
     /// Nanoseconds workers spent running tasks, every epoch.
     pub busy_nanos: AtomicU64,
     started: Instant,
@@ -159,6 +161,7 @@ impl<W: WorkerHooks> Pool<W> {
                 stop: AtomicBool::new(false),
                 epoch: AtomicU64::new(0),
                 samples_done: AtomicU64::new(0),
+                tasks_done: AtomicU64::new(0),
                 busy_nanos: AtomicU64::new(0),
                 started: Instant::now(),
                 state: Mutex::new(PoolState {
@@ -395,6 +398,7 @@ fn worker_main<W: WorkerHooks>(
                 shared
                     .samples_done
                     .fetch_add(task.samples as u64, Ordering::Relaxed);
+                shared.tasks_done.fetch_add(1, Ordering::Relaxed);
                 let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
                 shared.busy_nanos.fetch_add(nanos, Ordering::Relaxed);
             }

@@ -60,6 +60,9 @@ where
     shared_timeout: SharedTimeout,
     fetch_times: FetchTimes,
     max_samples_in_flight: usize,
+    /// The bound for the pool's size, read when the consumer receives; see
+    /// `Engine`'s.
+    bound: usize,
     max_batch_size: usize,
     slow_samples: u64,
     /// Set when a worker panicked: the batches can no longer be completed.
@@ -96,6 +99,7 @@ where
             shared_timeout,
             fetch_times: FetchTimes::new(FETCH_WINDOW),
             max_samples_in_flight: max_samples,
+            bound: max_samples,
             max_batch_size,
             slow_samples: 0,
             broken: None,
@@ -117,9 +121,9 @@ where
         self.slow_samples
     }
 
-    /// The in-flight bound, in samples, for the pool's size now.
+    /// The in-flight bound, in samples, for the pool's size when last read.
     fn samples_bound(&self) -> usize {
-        self.workers.scaled(self.max_samples_in_flight)
+        self.bound
     }
 
     /// The engine's figures now.
@@ -190,9 +194,10 @@ where
         if self.workers.is_shut_down() {
             return Err(EngineError::ShutDown);
         }
+        self.bound = self.workers.scaled(self.max_samples_in_flight);
         let ready =
             self.assembler.ready_samples() + self.workers.results_waiting() * self.run_length();
-        self.workers.record_occupancy(ready, self.samples_bound());
+        self.workers.record_occupancy(ready, self.bound);
         loop {
             if let Some(err) = &self.broken {
                 return Err(err.clone());

@@ -42,6 +42,10 @@ pub struct Engine<W: WorkerHooks> {
     workers: Workers<W>,
     sequencer: Sequencer<W::Output>,
     max_in_flight: usize,
+    /// The bound for the pool's size, read when the consumer receives: the
+    /// monitor may resize the pool at any time, and `can_submit` followed
+    /// by `submit` must agree.
+    bound: usize,
     fetch_times: FetchTimes,
 }
 
@@ -64,6 +68,7 @@ impl<W: WorkerHooks> Engine<W> {
             workers,
             sequencer: Sequencer::new(config.order),
             max_in_flight,
+            bound: max_in_flight,
             fetch_times: FetchTimes::new(FETCH_WINDOW),
         })
     }
@@ -73,9 +78,9 @@ impl<W: WorkerHooks> Engine<W> {
         self.workers.live()
     }
 
-    /// The in-flight bound for the pool's size now.
+    /// The in-flight bound for the pool's size when last read.
     fn in_flight_bound(&self) -> usize {
-        self.workers.scaled(self.max_in_flight)
+        self.bound
     }
 
     /// Whether `submit` would accept a task now.
@@ -131,8 +136,9 @@ impl<W: WorkerHooks> Engine<W> {
         if self.workers.is_shut_down() {
             return Err(EngineError::ShutDown);
         }
+        self.bound = self.workers.scaled(self.max_in_flight);
         let ready = self.sequencer.ready() + self.workers.results_waiting();
-        self.workers.record_occupancy(ready, self.in_flight_bound());
+        self.workers.record_occupancy(ready, self.bound);
         loop {
             if let Some(item) = self.sequencer.pop() {
                 return item;

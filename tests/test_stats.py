@@ -1,0 +1,211 @@
+"""loader.stats(), log_interval, the GIL hint, and the adaptive pool as users see them."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import torch.utils.data as tud
+from helpers import RangeDataset, ShardedIterable
+
+import minato
+from minato._stats import StatsRecorder
+
+
+def drain(loader) -> list[int]:
+    sizes = []
+    for batch in loader:
+        sizes.append(len(batch))
+    return sizes
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(num_workers=0),
+        dict(num_workers=2),
+        dict(num_workers=2, shuffle=True),
+        dict(num_workers=3, shuffle=True, drop_last=True),
+        dict(num_workers=2, in_order=False),
+        dict(num_workers=2, adaptive=False),
+    ],
+)
+def test_samples_and_batches_agree_with_what_was_delivered(kwargs) -> None:
+    loader = minato.DataLoader(RangeDataset(103), batch_size=8, **kwargs)
+    sizes = drain(loader) + drain(loader)
+    stats = loader.stats()
+    assert stats.batches == len(sizes) == 2 * len(loader)
+    assert stats.samples == sum(sizes)
+    assert stats.starved >= 0.0
+    assert stats.elapsed > 0.0
+
+
+def test_an_iterable_datasets_short_last_batches_are_counted_exactly() -> None:
+    loader = minato.DataLoader(ShardedIterable(50), batch_size=8, num_workers=3)
+    sizes = drain(loader)
+    assert loader.stats().samples == sum(sizes) == 50
+    assert loader.stats().batches == len(sizes)
+
+
+def test_batch_size_none_counts_one_sample_per_item() -> None:
+    loader = minato.DataLoader(RangeDataset(20), batch_size=None, num_workers=2)
+    assert len(list(loader)) == 20
+    assert (loader.stats().samples, loader.stats().batches) == (20, 20)
+
+
+def test_worker_figures_are_consistent() -> None:
+    class Sleepy(RangeDataset):
+        def __getitem__(self, i):
+            time.sleep(0.001)
+            return i
+
+    loader = minato.DataLoader(Sleepy(64), batch_size=4, num_workers=3, adaptive=False)
+    it = iter(loader)
+    next(it)
+    assert loader.stats().workers == 3
+    list(it)
+    stats = loader.stats()
+    assert stats.workers == 0, "no worker runs once the epoch ended"
+    assert stats.worker_history[0][1] == 3 and len(stats.worker_history) == 1
+    assert stats.fetch_p50 is not None and stats.fetch_p90 is not None
+    assert stats.fetch_p99 is not None
+    assert 0.001 <= stats.fetch_p50 <= stats.fetch_p90 <= stats.fetch_p99
+    assert 0.0 <= stats.gil_wait <= stats.fetch_time
+    assert stats.queue_occupancy is not None and 0.0 <= stats.queue_occupancy <= 1.0
+    assert stats.slow_samples == 0
+
+
+def test_reordered_loading_reports_its_sample_timeout() -> None:
+    loader = minato.DataLoader(
+        RangeDataset(40), batch_size=4, shuffle=True, num_workers=2, sample_timeout=0.25
+    )
+    drain(loader)
+    assert loader.stats().sample_timeout == pytest.approx(0.25)
+
+
+def test_stats_print_as_a_table() -> None:
+    loader = minato.DataLoader(RangeDataset(30), batch_size=4, num_workers=2)
+    drain(loader)
+    text = str(loader.stats())
+    for row in ("samples", "batches", "workers", "fetch p50", "GIL wait", "starved", "ready-queue"):
+        assert row in text
+    assert "30" in text
+    assert isinstance(minato.LoaderStats(), minato.LoaderStats)
+
+
+def test_a_fresh_loader_reports_zeros() -> None:
+    stats = minato.DataLoader(RangeDataset(4), num_workers=2).stats()
+    assert (stats.samples, stats.batches, stats.workers, stats.worker_history) == (0, 0, 0, ())
+
+
+def test_log_interval_logs_summary_lines(caplog) -> None:
+    class Sleepy(RangeDataset):
+        def __getitem__(self, i):
+            time.sleep(0.002)
+            return i
+
+    loader = minato.DataLoader(Sleepy(60), batch_size=2, num_workers=2, log_interval=0.01)
+    with caplog.at_level(logging.INFO, logger="minato"):
+        drain(loader)
+    lines = [r.getMessage() for r in caplog.records if r.name == "minato"]
+    assert lines and all(line.startswith("minato: ") and "batches" in line for line in lines)
+
+
+def test_no_log_lines_without_log_interval(caplog) -> None:
+    with caplog.at_level(logging.INFO, logger="minato"):
+        drain(minato.DataLoader(RangeDataset(30), batch_size=2, num_workers=2))
+    assert not [r for r in caplog.records if r.levelno == logging.INFO and r.name == "minato"]
+
+
+class _FakeEngine:
+    def __init__(self, gil_wait: float, busy: float) -> None:
+        self.figures = dict(
+            workers=4,
+            worker_history=[(0.0, 4)],
+            samples_loaded=500,
+            busy=busy,
+            gil_wait=gil_wait,
+            queue_occupancy=0.1,
+            slow_samples=0,
+            sample_timeout=None,
+            fetch_p50=0.001,
+            fetch_p90=0.002,
+            fetch_p99=0.003,
+        )
+
+    def stats(self):
+        return self.figures
+
+
+@pytest.mark.parametrize("gil_wait,hinted", [(0.8, True), (0.2, False)])
+def test_the_gil_hint_is_logged_once_when_gil_wait_dominates(caplog, gil_wait, hinted) -> None:
+    recorder = StatsRecorder()
+    recorder.engine_started(_FakeEngine(gil_wait=gil_wait, busy=1.0))
+    for _ in range(200):
+        recorder.delivered(1, 0.0)
+    with caplog.at_level(logging.WARNING, logger="minato"):
+        recorder.check_gil()
+        recorder.check_gil()
+    hints = [r for r in caplog.records if "GIL" in r.getMessage()]
+    assert len(hints) == (1 if hinted else 0)
+
+
+def test_gil_wait_is_measured_for_code_that_holds_the_gil() -> None:
+    class HoldsTheGil(RangeDataset):
+        def __getitem__(self, i):
+            total = 0
+            for k in range(20_000):
+                total += k % 7
+            return i + total * 0
+
+    loader = minato.DataLoader(HoldsTheGil(64), batch_size=2, num_workers=4, adaptive=False)
+    drain(loader)
+    stats = loader.stats()
+    assert 0.0 < stats.gil_wait <= stats.fetch_time
+
+
+# the adaptive pool
+
+
+class SleepyIo(tud.Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(0.002)
+        return i
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_an_adaptive_pool_delivers_every_sample_once_within_its_bounds(shuffle) -> None:
+    loader = minato.DataLoader(
+        SleepyIo(1500), batch_size=4, num_workers=2, shuffle=shuffle, max_workers=6
+    )
+    seen = [int(i) for batch in loader for i in batch]
+    assert sorted(seen) == list(range(1500))
+    if not shuffle:
+        assert seen == list(range(1500))
+    stats = loader.stats()
+    assert loader.num_workers == 2, "the public num_workers keeps the value given"
+    assert all(1 <= n <= 6 for _, n in stats.worker_history)
+    assert stats.worker_history[0] == (pytest.approx(0.0, abs=1.0), 2)
+
+
+def test_the_next_epoch_starts_where_the_controller_settled() -> None:
+    loader = minato.DataLoader(SleepyIo(400), batch_size=4, num_workers=2, max_workers=6)
+    drain(loader)
+    settled = loader.stats().worker_history[-1][1]
+    epochs_before = len(loader.stats().worker_history)
+    it = iter(loader)
+    assert loader.stats().worker_history[epochs_before][1] == settled
+    del it
+
+
+def test_an_iterable_datasets_pool_keeps_its_size() -> None:
+    loader = minato.DataLoader(ShardedIterable(300), batch_size=2, num_workers=3)
+    drain(loader)
+    assert [n for _, n in loader.stats().worker_history] == [3]
