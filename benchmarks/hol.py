@@ -122,9 +122,11 @@ def run_spdl(ds, workers, step_s):
 
 SYSTEMS = {
     "minato": run_minato,
-    # Reordering alone, exactly `workers` threads: no replacement for a
-    # worker stuck on a slow sample.
-    "minato no replacements": lambda ds, w, s: run_minato(ds, w, s, max_slow_samples=0),
+    # Reordering alone, exactly `workers` threads, as the peers get: no
+    # replacement for a worker stuck on a slow sample, no adaptive pool.
+    "minato no replacements": lambda ds, w, s: run_minato(
+        ds, w, s, max_slow_samples=0, adaptive=False
+    ),
     "torch in_order=True": run_torch,
     "torch in_order=False": lambda ds, w, s: run_torch(ds, w, s, in_order=False),
     "torchdata.nodes": run_torchdata,
