@@ -184,10 +184,14 @@ def test_consumer_releases_the_gil_while_it_waits() -> None:
 
 def test_threads_exit_after_a_finished_epoch() -> None:
     before = os_thread_count()
-    loader = minato.DataLoader(RangeDataset(30), batch_size=4, num_workers=4)
+    loader = minato.DataLoader(RangeDataset(30), batch_size=4, num_workers=4, adaptive=False)
     it = iter(loader)
-    # The workers, and the monitor that resizes their pool.
-    assert os_thread_count() == before + 4 + 1
+    assert os_thread_count() == before + 4
+    list(it)
+    assert os_thread_count() == before
+    # An adaptive pool adds a monitor thread; it goes with the workers.
+    it = iter(minato.DataLoader(RangeDataset(30), batch_size=4, num_workers=4))
+    assert os_thread_count() > before + 4
     list(it)
     assert os_thread_count() == before
 

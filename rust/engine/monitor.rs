@@ -52,8 +52,8 @@ const MIN_WINDOW: Duration = Duration::from_millis(5);
 const TASKS_PER_WINDOW: u32 = 2;
 /// ...and sees this many samples finish per worker (fewer make the rate a
 /// matter of where the window's edges fell), unless it reaches the maximum.
-const SAMPLES_PER_WORKER: u64 = 3;
-const MIN_SAMPLES: u64 = 16;
+const SAMPLES_PER_WORKER: u64 = 2;
+const MIN_SAMPLES: u64 = 8;
 const MAX_WINDOW: Duration = Duration::from_secs(1);
 
 /// The pool's running totals at the start of a window.
