@@ -33,15 +33,25 @@ impl FetchTimes {
     }
 
     /// The `q`-quantile (0..=1) of the window, nearest-rank; None when empty.
+    /// Linear time: the sample engine asks for the median once per batch.
     pub fn percentile(&self, q: f64) -> Option<Duration> {
-        if self.window.is_empty() {
-            return None;
-        }
+        let mut times: Vec<Duration> = self.window.iter().copied().collect();
+        let index = nearest_rank(q, times.len())?;
+        Some(*times.select_nth_unstable(index).1)
+    }
+
+    /// Several quantiles of the window at once, sorting it once.
+    pub fn percentiles<const N: usize>(&self, qs: [f64; N]) -> [Option<Duration>; N] {
         let mut sorted: Vec<Duration> = self.window.iter().copied().collect();
         sorted.sort_unstable();
-        let rank = (q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize;
-        Some(sorted[rank.saturating_sub(1).min(sorted.len() - 1)])
+        qs.map(|q| nearest_rank(q, sorted.len()).map(|index| sorted[index]))
     }
+}
+
+/// The index of the nearest-rank `q`-quantile among `len` sorted values.
+fn nearest_rank(q: f64, len: usize) -> Option<usize> {
+    let rank = (q.clamp(0.0, 1.0) * len as f64).ceil() as usize;
+    (len > 0).then(|| rank.saturating_sub(1).min(len - 1))
 }
 
 #[cfg(test)]
@@ -64,6 +74,17 @@ mod tests {
         assert_eq!(times.percentile(0.9), Some(ms(90)));
         assert_eq!(times.percentile(1.0), Some(ms(100)));
         assert_eq!(times.percentile(0.0), Some(ms(1)));
+    }
+
+    #[test]
+    fn several_percentiles_at_once_agree_with_one_at_a_time() {
+        let mut times = FetchTimes::new(64);
+        assert_eq!(times.percentiles([0.5, 0.9]), [None, None]);
+        for n in [7, 3, 9, 1, 30, 2, 2, 18, 5] {
+            times.record(ms(n));
+        }
+        let qs = [0.0, 0.5, 0.75, 0.9, 0.99, 1.0];
+        assert_eq!(times.percentiles(qs), qs.map(|q| times.percentile(q)));
     }
 
     #[test]

@@ -243,10 +243,10 @@ impl<W: WorkerHooks> Pool<W> {
     /// Sets how many workers are kept free for fast tasks (at least one).
     /// Growing starts threads at once; shrinking lets surplus workers leave
     /// after their current task, or within [`IDLE_CHECK`] when idle. A pool
-    /// whose workers own their queues keeps its size. Returns the target.
-    pub fn set_target(&self, target: usize) -> usize {
+    /// whose workers own their queues keeps its size.
+    pub fn set_target(&self, target: usize) {
         let Some(tasks) = &self.shared_tasks else {
-            return self.target();
+            return;
         };
         let mut state = self.shared.state();
         let target = target.max(1);
@@ -263,7 +263,6 @@ impl<W: WorkerHooks> Pool<W> {
                 break;
             }
         }
-        target
     }
 
     /// Flags every task that has run past `timeout` per sample as slow, and

@@ -63,6 +63,8 @@ where
     /// The bound for the pool's size, read when the consumer receives; see
     /// `Engine`'s.
     bound: usize,
+    /// Samples per task in the last batch submitted.
+    last_run_length: usize,
     max_batch_size: usize,
     slow_samples: u64,
     /// Set when a worker panicked: the batches can no longer be completed.
@@ -100,6 +102,7 @@ where
             fetch_times: FetchTimes::new(FETCH_WINDOW),
             max_samples_in_flight: max_samples,
             bound: max_samples,
+            last_run_length: 1,
             max_batch_size,
             slow_samples: 0,
             broken: None,
@@ -121,28 +124,21 @@ where
         self.slow_samples
     }
 
-    /// The in-flight bound, in samples, for the pool's size when last read.
-    fn samples_bound(&self) -> usize {
-        self.bound
-    }
-
     /// The engine's figures now.
     pub fn stats(&self) -> EngineStats {
         EngineStats {
             slow_samples: self.slow_samples,
             sample_timeout: self.timeout.current(),
-            fetch_p50: self.fetch_times.percentile(0.5),
-            fetch_p90: self.fetch_times.percentile(0.9),
-            fetch_p99: self.fetch_times.percentile(0.99),
             ..self.workers.stats()
         }
+        .with_fetch_times(&self.fetch_times)
     }
 
     /// Whether another batch (of at most `max_batch_size`) fits under the
     /// in-flight bound now.
     pub fn can_submit(&self) -> bool {
         !self.workers.is_shut_down()
-            && self.assembler.samples_in_flight() + self.max_batch_size <= self.samples_bound()
+            && self.assembler.samples_in_flight() + self.max_batch_size <= self.bound
     }
 
     /// Batches of this epoch submitted and not yet delivered.
@@ -179,6 +175,7 @@ where
             return Err(EngineError::Full);
         }
         let run_length = self.run_length();
+        self.last_run_length = run_length;
         self.assembler.planned(batch.len());
         let mut samples = batch.into_iter().peekable();
         while samples.peek().is_some() {
@@ -196,7 +193,7 @@ where
         }
         self.bound = self.workers.scaled(self.max_samples_in_flight);
         let ready =
-            self.assembler.ready_samples() + self.workers.results_waiting() * self.run_length();
+            self.assembler.ready_samples() + self.workers.results_waiting() * self.last_run_length;
         self.workers.record_occupancy(ready, self.bound);
         loop {
             if let Some(err) = &self.broken {

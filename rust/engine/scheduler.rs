@@ -78,14 +78,9 @@ impl<W: WorkerHooks> Engine<W> {
         self.workers.live()
     }
 
-    /// The in-flight bound for the pool's size when last read.
-    fn in_flight_bound(&self) -> usize {
-        self.bound
-    }
-
     /// Whether `submit` would accept a task now.
     pub fn can_submit(&self) -> bool {
-        !self.workers.is_shut_down() && self.pending() < self.in_flight_bound()
+        !self.workers.is_shut_down() && self.pending() < self.bound
     }
 
     #[cfg(test)]
@@ -95,12 +90,7 @@ impl<W: WorkerHooks> Engine<W> {
 
     /// The engine's figures now.
     pub fn stats(&self) -> EngineStats {
-        EngineStats {
-            fetch_p50: self.fetch_times.percentile(0.5),
-            fetch_p90: self.fetch_times.percentile(0.9),
-            fetch_p99: self.fetch_times.percentile(0.99),
-            ..self.workers.stats()
-        }
+        self.workers.stats().with_fetch_times(&self.fetch_times)
     }
 
     /// Tasks of the current epoch that may still deliver an output.
@@ -123,7 +113,7 @@ impl<W: WorkerHooks> Engine<W> {
         if self.workers.is_shut_down() {
             return Err(EngineError::ShutDown);
         }
-        if self.pending() >= self.in_flight_bound() {
+        if self.pending() >= self.bound {
             return Err(EngineError::Full);
         }
         self.workers.send(payload, samples.max(1))?;

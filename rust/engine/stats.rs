@@ -4,6 +4,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::fetch_times::FetchTimes;
+
 /// An engine's figures at one moment. Times are totals since it started.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineStats {
@@ -23,6 +25,19 @@ pub struct EngineStats {
     pub fetch_p50: Option<Duration>,
     pub fetch_p90: Option<Duration>,
     pub fetch_p99: Option<Duration>,
+}
+
+impl EngineStats {
+    /// These figures with the fetch-time percentiles of `times`.
+    pub(crate) fn with_fetch_times(self, times: &FetchTimes) -> Self {
+        let [fetch_p50, fetch_p90, fetch_p99] = times.percentiles([0.5, 0.9, 0.99]);
+        EngineStats {
+            fetch_p50,
+            fetch_p90,
+            fetch_p99,
+            ..self
+        }
+    }
 }
 
 /// Occupancy in millionths, so that it fits an atomic counter.
