@@ -17,7 +17,7 @@ from torch.utils.data.dataloader import (
 
 from minato._minato import Engine, SampleEngine
 from minato._stats import StatsRecorder, logger
-from minato._worker import EXHAUSTED, WorkerSpec, worker_factory
+from minato._worker import EXHAUSTED, WorkerSpec, sample_count, worker_factory
 
 if TYPE_CHECKING:
     from minato.dataloader import DataLoader
@@ -76,7 +76,7 @@ class _CallingThreadDataLoaderIter(_SingleProcessDataLoaderIter, _Reporting):
         collate, auto_collation = fetcher.collate_fn, fetcher.auto_collation
 
         def counting_collate(data: Any) -> Any:
-            self._batch_samples = len(data) if auto_collation else 1
+            self._batch_samples = sample_count(data, auto_collation)
             return collate(data)
 
         fetcher.collate_fn = counting_collate
@@ -179,8 +179,7 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter, _Reporting):
                 self._sampler_done = True
 
     def _submit(self, engine: Any, index: Any) -> bool:
-        samples = len(index) if self._auto_collation else 1
-        return bool(engine.submit(index, samples))
+        return bool(engine.submit(index, sample_count(index, self._auto_collation)))
 
     def _next_data(self) -> Any:
         if self._engine is None:

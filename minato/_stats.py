@@ -15,6 +15,8 @@ logger = logging.getLogger("minato")
 GIL_BOUND_SHARE = 0.5
 # ...and only once enough was loaded to judge.
 GIL_HINT_MIN_SAMPLES = 100
+# Engine figures that add up over the engines a loader has run.
+_SUMMED = ("gil_wait", "busy", "slow_samples")
 
 
 @dataclass(frozen=True)
@@ -59,26 +61,29 @@ class LoaderStats:
     """Seconds since the loader's first iterator started."""
 
     @property
+    def rate(self) -> float:
+        """Samples delivered per second since the first iterator started."""
+        return self.samples / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
     def gil_share(self) -> float | None:
         """The share of fetch time spent waiting for the GIL."""
         return self.gil_wait / self.fetch_time if self.fetch_time > 0 else None
 
     def summary(self) -> str:
         """One line, as ``log_interval`` logs it."""
-        rate = self.samples / self.elapsed if self.elapsed > 0 else 0.0
         return (
-            f"minato: {self.batches} batches, {self.samples} samples ({rate:.0f}/s), "
+            f"minato: {self.batches} batches, {self.samples} samples ({self.rate:.0f}/s), "
             f"{self.workers} workers, starved {self.starved:.2f}s, "
             f"fetch p50 {_ms(self.fetch_p50)}, gil wait {self.gil_wait:.2f}s, "
             f"slow {self.slow_samples}, ready queue {_share(self.queue_occupancy)}"
         )
 
     def __str__(self) -> str:
-        rate = self.samples / self.elapsed if self.elapsed > 0 else 0.0
         changes = ", ".join(f"{count}@{at:.2f}s" for at, count in self.worker_history[-8:])
         fetch = (self.fetch_p50, self.fetch_p90, self.fetch_p99)
         rows = [
-            ("samples", f"{self.samples} ({rate:.1f}/s over {self.elapsed:.2f}s)"),
+            ("samples", f"{self.samples} ({self.rate:.1f}/s over {self.elapsed:.2f}s)"),
             ("batches", str(self.batches)),
             ("workers", str(self.workers)),
             ("worker history", changes or "-"),
@@ -103,6 +108,19 @@ def _share(fraction: float | None) -> str:
     return "-" if fraction is None else f"{fraction:.0%}"
 
 
+def _add(
+    totals: dict[str, Any],
+    history: list[tuple[float, int]],
+    figures: dict[str, Any],
+    offset: float,
+) -> None:
+    """Adds one engine's figures to the running totals and worker history;
+    its history is shifted by `offset`, when it started."""
+    for key in _SUMMED:
+        totals[key] += figures[key]
+    history.extend((offset + at, count) for at, count in figures["worker_history"])
+
+
 class StatsRecorder:
     """A loader's running totals; iterators report to it.
 
@@ -117,7 +135,7 @@ class StatsRecorder:
         self.batches = 0
         self.starved = 0.0
         # Totals of engines that have stopped.
-        self._closed: dict[str, Any] = {"gil_wait": 0.0, "busy": 0.0, "slow_samples": 0}
+        self._closed: dict[str, Any] = dict.fromkeys(_SUMMED, 0)
         self._history: list[tuple[float, int]] = []
         self._last: dict[str, Any] = {}
         self._live: Any = None
@@ -140,16 +158,10 @@ class StatsRecorder:
         with self._lock:
             if self._live is engine:
                 self._live = None
-            self._fold(figures, self._live_offset)
-
-    def _fold(self, figures: dict[str, Any], offset: float) -> None:
-        self._closed["gil_wait"] += figures["gil_wait"]
-        self._closed["busy"] += figures["busy"]
-        self._closed["slow_samples"] += figures["slow_samples"]
-        self._history.extend((offset + at, count) for at, count in figures["worker_history"])
-        if figures["worker_history"]:
-            self.learned_workers = figures["worker_history"][-1][1]
-        self._last = figures
+            _add(self._closed, self._history, figures, self._live_offset)
+            if figures["worker_history"]:
+                self.learned_workers = figures["worker_history"][-1][1]
+            self._last = figures
 
     def delivered(self, samples: int, waited: float) -> None:
         """The training loop got a batch of `samples` after waiting `waited` seconds."""
@@ -167,27 +179,23 @@ class StatsRecorder:
             started = self.started
         if live is not None:
             figures = live.stats()
-            history.extend((offset + at, count) for at, count in figures["worker_history"])
-            gil_wait = closed["gil_wait"] + figures["gil_wait"]
-            busy = closed["busy"] + figures["busy"]
-            slow = closed["slow_samples"] + figures["slow_samples"]
+            _add(closed, history, figures, offset)
             workers = figures["workers"]
         else:
             figures = last
-            gil_wait, busy, slow = closed["gil_wait"], closed["busy"], closed["slow_samples"]
             workers = 0
         return LoaderStats(
             samples=self.samples,
             batches=self.batches,
-            slow_samples=slow,
+            slow_samples=closed["slow_samples"],
             sample_timeout=figures.get("sample_timeout"),
             workers=workers,
             worker_history=tuple(history),
             fetch_p50=figures.get("fetch_p50"),
             fetch_p90=figures.get("fetch_p90"),
             fetch_p99=figures.get("fetch_p99"),
-            gil_wait=gil_wait,
-            fetch_time=busy,
+            gil_wait=closed["gil_wait"],
+            fetch_time=closed["busy"],
             starved=self.starved,
             queue_occupancy=figures.get("queue_occupancy"),
             elapsed=0.0 if started is None else time.perf_counter() - started,

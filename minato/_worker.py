@@ -24,6 +24,12 @@ from minato._torch_threads import set_thread_worker_info
 EXHAUSTED = object()
 
 
+def sample_count(data: Any, auto_collation: bool) -> int:
+    """Samples in what a fetch collates (or in the index it was given): a
+    list of them with auto-collation, one item without."""
+    return len(data) if auto_collation else 1
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     """Everything a worker thread needs; it holds no reference to the loader or iterator."""
@@ -156,7 +162,7 @@ class _MapFetcher:
                 except Exception:
                     return ExceptionWrapper(where=_where(self.worker_id, i))
         try:
-            return len(data) if self.auto_collation else 1, self.collate_fn(data)
+            return sample_count(data, self.auto_collation), self.collate_fn(data)
         except Exception:
             return ExceptionWrapper(where=_where(self.worker_id))
 
@@ -215,6 +221,6 @@ class _IterableFetcher:
         except Exception:
             return ExceptionWrapper(where=_where(self.worker_id))
         try:
-            return len(data) if spec.auto_collation else 1, spec.collate_fn(data)
+            return sample_count(data, spec.auto_collation), spec.collate_fn(data)
         except Exception:
             return ExceptionWrapper(where=_where(self.worker_id))
