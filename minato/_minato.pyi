@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from typing import Any, final
 
-__all__ = ["Engine", "SampleEngine"]
+__all__ = ["DecodeError", "Engine", "SampleEngine"]
 
 @final
 class Engine:
@@ -62,3 +62,12 @@ class SampleEngine:
     def next(self, timeout: float) -> list[Any]: ...
     def new_epoch(self) -> None: ...
     def shutdown(self, grace: float) -> int: ...
+
+class DecodeError(ValueError):
+    """Data that minato.io cannot decode."""
+
+# --- minato.io: images (rust/bindings/io_image.rs) ---
+
+# --- minato.io: arrays (rust/bindings/io_array.rs) ---
+
+# --- minato.io: video (rust/bindings/io_video.rs) ---

@@ -2,6 +2,7 @@
 //! behind the `python` feature, its thin Python bindings (`bindings`).
 
 pub mod engine;
+pub mod io;
 
 #[cfg(feature = "python")]
 mod bindings;

@@ -1,10 +1,22 @@
 //! The one place where minato's Rust errors become Python exceptions, of the
 //! type torch's DataLoader would raise.
 
-use pyo3::exceptions::{PyRuntimeError, PyStopIteration};
+use pyo3::exceptions::{
+    PyFileNotFoundError, PyIsADirectoryError, PyOSError, PyPermissionError, PyRuntimeError,
+    PyStopIteration, PyValueError,
+};
 use pyo3::PyErr;
 
 use crate::engine::EngineError;
+use crate::io::DecodeError;
+
+pyo3::create_exception!(
+    minato.io,
+    PyDecodeError,
+    PyValueError,
+    "Data that minato.io cannot decode: truncated, corrupt, unsupported or over a size cap. \
+     The message names the format and the reason."
+);
 
 /// Failures the bindings report to Python.
 #[derive(Debug)]
@@ -31,6 +43,24 @@ impl From<LoaderError> for PyErr {
             LoaderError::TimedOut { timeout } => {
                 PyRuntimeError::new_err(format!("DataLoader timed out after {timeout} seconds"))
             }
+        }
+    }
+}
+
+impl From<DecodeError> for PyErr {
+    fn from(err: DecodeError) -> PyErr {
+        match &err {
+            // What open() would raise for the same path.
+            DecodeError::Io { kind, .. } => {
+                let message = err.to_string();
+                match kind {
+                    std::io::ErrorKind::NotFound => PyFileNotFoundError::new_err(message),
+                    std::io::ErrorKind::PermissionDenied => PyPermissionError::new_err(message),
+                    std::io::ErrorKind::IsADirectory => PyIsADirectoryError::new_err(message),
+                    _ => PyOSError::new_err(message),
+                }
+            }
+            _ => PyDecodeError::new_err(err.to_string()),
         }
     }
 }

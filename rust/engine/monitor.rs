@@ -102,13 +102,26 @@ impl Adapter {
         }
     }
 
+    /// Checks often enough that a window ends within a quarter of a task
+    /// of its due time: each resize step is a settling window and a
+    /// measured one, so late ends slow the ramp to a good count.
+    fn tick_period(&self) -> Duration {
+        (self.task_time / 4).clamp(Duration::from_millis(1), MIN_WINDOW)
+    }
+
     fn tick<W: WorkerHooks>(&mut self, pool: &Pool<W>) {
         let now = Mark::now(pool);
         let elapsed = now.at.duration_since(self.start.at);
-        // Settling only needs the added workers to pick up their first task.
-        let tasks_needed = if self.settling { 1 } else { TASKS_PER_WINDOW };
-        let min_window = MIN_WINDOW.max(self.task_time * tasks_needed);
-        if elapsed < min_window.min(MAX_WINDOW) {
+        if self.settling {
+            // Settled once every worker the pool should have is on a task
+            // (added threads start within a millisecond), or, when tasks are
+            // scarce or the pool shrank, after one task's time.
+            let all_busy = pool.busy_on_fast_tasks() >= pool.target();
+            let one_task = MIN_WINDOW.max(self.task_time).min(MAX_WINDOW);
+            if !all_busy && elapsed < one_task {
+                return;
+            }
+        } else if elapsed < MIN_WINDOW.max(self.task_time * TASKS_PER_WINDOW).min(MAX_WINDOW) {
             return;
         }
         let finished = now.samples.saturating_sub(self.start.samples);
@@ -175,8 +188,8 @@ impl Monitor {
                     .as_ref()
                     .and_then(|(shared, _)| load_timeout(shared));
                 let mut tick = tick_for(timeout);
-                if adapter.is_some() {
-                    tick = tick.min(MIN_WINDOW);
+                if let Some(adapter) = &adapter {
+                    tick = tick.min(adapter.tick_period());
                 }
                 match stopped.recv_timeout(tick) {
                     Err(RecvTimeoutError::Timeout) => {

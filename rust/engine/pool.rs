@@ -225,6 +225,12 @@ impl<W: WorkerHooks> Pool<W> {
         self.shared.state().live
     }
 
+    /// Workers running a task not flagged slow.
+    pub fn busy_on_fast_tasks(&self) -> usize {
+        let state = self.shared.state();
+        state.busy.len().saturating_sub(state.flagged)
+    }
+
     /// How many workers are kept free for fast tasks.
     pub fn target(&self) -> usize {
         self.shared.state().target
