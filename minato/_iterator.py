@@ -8,6 +8,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from torch._utils import ExceptionWrapper
+from torch.utils.data._utils.collate import default_collate
 from torch.utils.data._utils.pin_memory import pin_memory
 from torch.utils.data.dataloader import (
     _BaseDataLoaderIter,
@@ -15,6 +16,8 @@ from torch.utils.data.dataloader import (
     _SingleProcessDataLoaderIter,
 )
 
+from minato._collate import fast_default_collate
+from minato._device import DeviceStage
 from minato._minato import Engine, SampleEngine
 from minato._stats import StatsRecorder, logger
 from minato._worker import EXHAUSTED, WorkerSpec, sample_count, worker_factory
@@ -42,9 +45,22 @@ def _shut_down_all_at_exit() -> None:
         iterator._shutdown(EXIT_GRACE_S)
 
 
-class _Reporting:
-    """Delivery bookkeeping shared by minato's iterators: stats, periodic
-    log lines and the GIL hint."""
+class _Reporting(DeviceStage):
+    """What minato's iterators share: delivery bookkeeping (stats, periodic
+    log lines, the GIL hint), the collate fast path and the device stage."""
+
+    _pin_memory: bool
+    _collate_fn: Any
+
+    def _init_delivery(self, loader: DataLoader) -> None:
+        """Call after torch's iterator constructor, before any batch is loaded."""
+        self._init_device(loader)
+        if self._prefetcher is not None:
+            # Copies run asynchronously only from page-locked memory.
+            self._pin_memory = True
+        if self._collate_fn is default_collate:
+            self._collate_fn = fast_default_collate(pin=self._pin_memory)
+        self._init_reporting(loader)
 
     def _init_reporting(self, loader: DataLoader) -> None:
         self._recorder: StatsRecorder = loader._stats_recorder
@@ -64,16 +80,16 @@ class _Reporting:
             self._recorder.check_gil()
 
 
-class _CallingThreadDataLoaderIter(_SingleProcessDataLoaderIter, _Reporting):
+class _CallingThreadDataLoaderIter(_Reporting, _SingleProcessDataLoaderIter):
     """torch's single-process iterator (num_workers=0), counting what it delivers."""
 
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
-        self._init_reporting(loader)
+        self._init_delivery(loader)
         self._recorder.engine_started(None)
         self._batch_samples = 0
         fetcher = self._dataset_fetcher
-        collate, auto_collation = fetcher.collate_fn, fetcher.auto_collation
+        collate, auto_collation = self._collate_fn, fetcher.auto_collation
 
         def counting_collate(data: Any) -> Any:
             self._batch_samples = sample_count(data, auto_collation)
@@ -81,15 +97,15 @@ class _CallingThreadDataLoaderIter(_SingleProcessDataLoaderIter, _Reporting):
 
         fetcher.collate_fn = counting_collate
 
-    def _next_data(self) -> Any:
+    def _next_host_data(self) -> Any:
         started = time.perf_counter()
-        data = super()._next_data()
+        data = _SingleProcessDataLoaderIter._next_data(self)
         # Loading happens on this thread: all of it is time the loop waited.
         self._report(self._batch_samples, time.perf_counter() - started)
         return data
 
 
-class _ThreadDataLoaderIter(_BaseDataLoaderIter, _Reporting):
+class _ThreadDataLoaderIter(_Reporting, _BaseDataLoaderIter):
     """Keeps the engine fed with the sampler's indices and yields what it delivers.
 
     The sampler is iterated here, on the consumer's thread, as torch does; the
@@ -100,7 +116,7 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter, _Reporting):
         self._in_order = in_order
         self._engine: Engine | SampleEngine | None = None
         super().__init__(loader)
-        self._init_reporting(loader)
+        self._init_delivery(loader)
         self._reset(loader, first_iter=True)
 
     def _worker_spec(self, loader: DataLoader) -> WorkerSpec:
@@ -181,7 +197,7 @@ class _ThreadDataLoaderIter(_BaseDataLoaderIter, _Reporting):
     def _submit(self, engine: Any, index: Any) -> bool:
         return bool(engine.submit(index, sample_count(index, self._auto_collation)))
 
-    def _next_data(self) -> Any:
+    def _next_host_data(self) -> Any:
         if self._engine is None:
             raise StopIteration  # finished or stopped, as torch's iterator stays
         asked = time.perf_counter()

@@ -3,6 +3,8 @@
 from collections.abc import Callable
 from typing import Any, final
 
+import numpy
+
 __all__ = ["DecodeError", "Engine", "SampleEngine"]
 
 @final
@@ -68,6 +70,56 @@ class DecodeError(ValueError):
 
 # --- minato.io: images (rust/bindings/io_image.rs) ---
 
+DEFAULT_MAX_PIXELS: int
+
+def _decode_image(
+    data: Any,
+    *,
+    size: tuple[int, int] | None = None,
+    mode: str = "RGB",
+    max_pixels: int = ...,
+) -> numpy.ndarray[Any, numpy.dtype[numpy.uint8]]: ...
+def _decode_images_into(
+    sources: list[Any],
+    out: Any,
+    *,
+    size: tuple[int, int],
+    mode: str = "RGB",
+    max_pixels: int = ...,
+) -> None: ...
+
 # --- minato.io: arrays (rust/bindings/io_array.rs) ---
 
+def _load_npy(
+    data: Any, /
+) -> tuple[
+    numpy.ndarray[Any, numpy.dtype[numpy.uint8]] | None, int, tuple[str, tuple[int, ...], bool]
+]: ...
+def _load_npz(
+    data: Any, /, max_bytes: int = ..., check_crc: bool = True
+) -> tuple[
+    numpy.ndarray[Any, numpy.dtype[numpy.uint8]] | None,
+    list[
+        tuple[
+            str,
+            numpy.ndarray[Any, numpy.dtype[numpy.uint8]] | None,
+            int,
+            int,
+            tuple[str, tuple[int, ...], bool] | None,
+        ]
+    ],
+]: ...
+
 # --- minato.io: video (rust/bindings/io_video.rs) ---
+
+_HAS_VIDEO: bool
+
+def _decode_video(
+    data: Any,
+    *,
+    num_frames: int,
+    start: int = 0,
+    stride: int = 1,
+    size: tuple[int, int] | None = None,
+    max_pixels: int | None = None,
+) -> numpy.ndarray[Any, numpy.dtype[numpy.uint8]]: ...

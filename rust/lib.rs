@@ -1,6 +1,7 @@
 //! minato's Rust core: a framework-agnostic worker-thread engine (`engine`) and,
 //! behind the `python` feature, its thin Python bindings (`bindings`).
 
+pub mod collate;
 pub mod engine;
 pub mod io;
 

@@ -1,5 +1,5 @@
 //! The one place where minato's Rust errors become Python exceptions, of the
-//! type torch's DataLoader would raise.
+//! type torch's DataLoader (or torch, or open()) would raise.
 
 use pyo3::exceptions::{
     PyFileNotFoundError, PyIsADirectoryError, PyOSError, PyPermissionError, PyRuntimeError,
@@ -7,6 +7,7 @@ use pyo3::exceptions::{
 };
 use pyo3::PyErr;
 
+use crate::collate::StackError;
 use crate::engine::EngineError;
 use crate::io::DecodeError;
 
@@ -49,7 +50,11 @@ impl From<LoaderError> for PyErr {
 
 impl From<DecodeError> for PyErr {
     fn from(err: DecodeError) -> PyErr {
-        match &err {
+        let mut cause = &err;
+        while let DecodeError::InBatch { source, .. } = cause {
+            cause = source;
+        }
+        match cause {
             // What open() would raise for the same path.
             DecodeError::Io { kind, .. } => {
                 let message = err.to_string();
@@ -60,7 +65,16 @@ impl From<DecodeError> for PyErr {
                     _ => PyOSError::new_err(message),
                 }
             }
+            // A bad argument, not bad data: the ValueError torch would raise.
+            DecodeError::InvalidArgument(_) => PyValueError::new_err(err.to_string()),
             _ => PyDecodeError::new_err(err.to_string()),
         }
+    }
+}
+
+impl From<StackError> for PyErr {
+    fn from(err: StackError) -> PyErr {
+        // torch.stack's error type for samples that do not fit together.
+        PyRuntimeError::new_err(err.to_string())
     }
 }

@@ -1,6 +1,7 @@
 //! Python bindings: argument extraction and GIL handling only; the work is
 //! done by `crate::engine` with the GIL released.
 
+mod collate;
 mod engine;
 mod errors;
 mod io_array;
@@ -18,6 +19,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngine>()?;
     m.add_class::<sample_engine::PySampleEngine>()?;
     m.add("DecodeError", m.py().get_type::<errors::PyDecodeError>())?;
+    collate::register(m)?;
     io_image::register(m)?;
     io_array::register(m)?;
     io_video::register(m)?;

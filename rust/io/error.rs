@@ -22,6 +22,13 @@ pub enum DecodeError {
         pixels: u64,
         limit: u64,
     },
+    /// Decompressing would give more bytes than the caller's cap allows:
+    /// refused before anything that large is allocated.
+    TooManyBytes {
+        format: &'static str,
+        bytes: u64,
+        limit: u64,
+    },
     /// The NPY data holds Python objects, which only pickle can read.
     ObjectDtype,
     /// A caller-supplied argument does not fit the data (an `out` buffer of
@@ -29,6 +36,14 @@ pub enum DecodeError {
     InvalidArgument(String),
     /// Video decoding was left out of this build (the `video` cargo feature).
     VideoDisabled,
+    /// The video ends before the last frame asked for: `frames` frames,
+    /// indices from 0, and `last_index` was wanted.
+    TooFewFrames { frames: usize, last_index: usize },
+    /// One image of a batch failed; `index` is its position in the batch.
+    InBatch {
+        index: usize,
+        source: Box<DecodeError>,
+    },
     /// A path could not be read; `kind` is the OS error's kind.
     Io {
         path: String,
@@ -92,6 +107,15 @@ impl fmt::Display for DecodeError {
                 "{format}: {pixels} pixels exceed the limit of {limit} (max_pixels); \
                  raise max_pixels if the input is trusted"
             ),
+            Self::TooManyBytes {
+                format,
+                bytes,
+                limit,
+            } => write!(
+                f,
+                "{format}: {bytes} bytes once decompressed exceed the limit of {limit} \
+                 (max_bytes); raise max_bytes if the input is trusted"
+            ),
             Self::ObjectDtype => write!(
                 f,
                 "NPY: object arrays hold pickled Python objects; minato.io refuses them \
@@ -102,9 +126,16 @@ impl fmt::Display for DecodeError {
                 f,
                 "decode_video needs FFmpeg, and this build of minato was made without it: \
                  install Debian's libavcodec-dev libavformat-dev libavutil-dev libswscale-dev \
-                 pkg-config clang, then rebuild with `MATURIN_PEP517_ARGS=\"--features video\" \
-                 pip install .` (scripts/setup.sh does both)"
+                 pkg-config clang, then rebuild with \
+                 `MATURIN_PEP517_ARGS=\"--features python,video\" pip install .` \
+                 (scripts/setup.sh does both)"
             ),
+            Self::TooFewFrames { frames, last_index } => write!(
+                f,
+                "video: the video has {frames} frames, but frame {last_index} \
+                 (start + (num_frames - 1) * stride) was asked for"
+            ),
+            Self::InBatch { index, source } => write!(f, "image {index} of the batch: {source}"),
             Self::Io {
                 path,
                 kind: _,

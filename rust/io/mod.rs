@@ -15,8 +15,8 @@ mod video;
 
 pub use batch::decode_images_into;
 pub use error::{read_path, DecodeError};
-pub use image::{decode_image, ImageOptions, Mode, DEFAULT_MAX_PIXELS};
-pub use npy::{parse_npy, NpyHeader};
-pub use npz::{parse_npz, NpzMember};
+pub use image::{decode_image, decode_image_into, Decoded, ImageOptions, Mode, DEFAULT_MAX_PIXELS};
+pub use npy::{parse_npy, ByteOrder, DtypeKind, NpyDtype, NpyHeader, NPY_MAGIC};
+pub use npz::{parse_npz, MemberData, NpzMember, NpzOptions, DEFAULT_MAX_BYTES};
 #[cfg(feature = "video")]
-pub use video::{decode_video, VideoOptions};
+pub use video::{decode_video, DecodedVideo, VideoOptions, VideoSource, DEFAULT_MAX_VIDEO_PIXELS};

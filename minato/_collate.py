@@ -1,0 +1,98 @@
+"""default_collate with one allocation per batch tensor, filled in Rust.
+
+torch's ``default_collate`` stacks samples into a new tensor, and its
+pin-memory thread then copies that batch into page-locked memory: two
+copies on the host. Here each batch tensor is allocated once — page-locked
+when the batch is going to a GPU — and the samples are copied into it by
+Rust threads with the GIL released. Everything that is not a tensor or
+numpy array of one shape and dtype goes through torch's own code, so results
+(types, dtypes, nesting, errors) are exactly ``default_collate``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data._utils import collate as _collate
+
+from minato import _minato
+
+
+def _stack(samples: Sequence[torch.Tensor], pin: bool) -> torch.Tensor | None:
+    """The samples stacked as ``torch.stack`` would, or None if torch must do it."""
+    first = samples[0]
+    shape, dtype = first.shape, first.dtype
+    for sample in samples:
+        # Subclasses, autograd, views with lazy conj/neg bits, sparse, nested
+        # and device tensors: torch's code handles them (or raises its error).
+        if (
+            type(sample) is not torch.Tensor
+            or sample.shape != shape
+            or sample.dtype != dtype
+            or sample.device.type != "cpu"
+            or sample.layout != torch.strided
+            or sample.requires_grad
+            or sample.is_conj()
+            or sample.is_neg()
+        ):
+            return None
+    contiguous = [sample.contiguous() for sample in samples]
+    out = torch.empty((len(samples), *shape), dtype=dtype, pin_memory=pin)
+    nbytes = first.numel() * first.element_size()
+    _minato._stack_into(
+        [(sample.data_ptr(), nbytes) for sample in contiguous], out.data_ptr(), out.nbytes
+    )
+    return out
+
+
+def _tensor_fn(pin: bool) -> Callable[..., Any]:
+    torch_fn = _collate.default_collate_fn_map[torch.Tensor]
+
+    def collate_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
+        stacked = _stack(batch, pin)
+        if stacked is None:
+            return torch_fn(batch, collate_fn_map=collate_fn_map)
+        return stacked
+
+    return collate_tensors
+
+
+def _ndarray_fn(pin: bool) -> Callable[..., Any]:
+    torch_fn = _collate.default_collate_fn_map[np.ndarray]
+
+    def collate_arrays(batch: Sequence[np.ndarray], *, collate_fn_map: Any = None) -> Any:
+        first = batch[0]
+        if (
+            _collate.np_str_obj_array_pattern.search(first.dtype.str) is None
+            and first.dtype.isnative
+            and all(
+                type(array) is np.ndarray
+                and array.shape == first.shape
+                and array.dtype == first.dtype
+                for array in batch
+            )
+        ):
+            # torch.as_tensor shares each array's memory: no copy before the stack.
+            stacked = _stack([torch.as_tensor(array) for array in batch], pin)
+            if stacked is not None:
+                return stacked
+        return torch_fn(batch, collate_fn_map=collate_fn_map)
+
+    return collate_arrays
+
+
+def fast_default_collate(pin: bool) -> Callable[[list[Any]], Any]:
+    """``default_collate``, with tensor and array leaves stacked in Rust (into
+    page-locked memory when ``pin``)."""
+    collate_fn_map = dict(_collate.default_collate_fn_map)
+    collate_fn_map[torch.Tensor] = _tensor_fn(pin)
+    collate_fn_map[np.ndarray] = _ndarray_fn(pin)
+
+    def collate(batch: list[Any]) -> Any:
+        return _collate.collate(batch, collate_fn_map=collate_fn_map)
+
+    collate.__doc__ = fast_default_collate.__doc__
+    return collate

@@ -1,0 +1,166 @@
+"""Batches that arrive on the GPU: copies on a side CUDA stream, kept ahead.
+
+torch moves each batch to the GPU on the training loop's stream, where the
+copy queues behind the model's kernels. Here a batch that comes out of the
+loader (already in page-locked memory) is copied with ``non_blocking=True``
+on a dedicated stream, ``device_prefetch`` batches ahead of the loop; the
+loop's stream waits on an event for just that copy, and each tensor is
+``record_stream``-ed so the caching allocator never reuses its memory while
+the loop's kernels may still read it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+
+def resolve_device(device: str | int | torch.device | None) -> torch.device | None:
+    """The CUDA device batches go to, or None to leave them in CPU memory.
+
+    A bare ``"cuda"`` means this process's GPU: the local rank's under
+    torchrun (``LOCAL_RANK``), else the current CUDA device.
+    """
+    if device is None:
+        return None
+    resolved = torch.device(device)
+    if resolved.type == "cpu":
+        return None
+    if resolved.type != "cuda":
+        raise ValueError(
+            f"device should be None, 'cpu' or a CUDA device, but got device={device!r}"
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"DataLoader was given device={device!r}, but CUDA is not available "
+            "(no GPU, or a torch build without CUDA); pass device=None to keep batches "
+            "in CPU memory"
+        )
+    if resolved.index is None:
+        local_rank = os.environ.get("LOCAL_RANK")
+        index = int(local_rank) if local_rank is not None else torch.cuda.current_device()
+        resolved = torch.device("cuda", index)
+    if resolved.index >= torch.cuda.device_count():
+        raise RuntimeError(
+            f"DataLoader was given device={device!r}, but only "
+            f"{torch.cuda.device_count()} CUDA devices are visible"
+        )
+    return resolved
+
+
+def to_device(data: Any, device: torch.device, tensors: list[torch.Tensor]) -> Any:
+    """``data`` with every tensor copied to ``device`` (non-blocking), the
+    nesting kept as it is; the copies are appended to ``tensors``."""
+    if isinstance(data, torch.Tensor):
+        moved = data.to(device, non_blocking=True)
+        tensors.append(moved)
+        return moved
+    if isinstance(data, (str, bytes)):
+        return data
+    if isinstance(data, Mapping):
+        items = {key: to_device(value, device, tensors) for key, value in data.items()}
+        try:
+            return type(data)(items)  # type: ignore[call-arg]
+        except TypeError:
+            return items
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return type(data)(*(to_device(sample, device, tensors) for sample in data))
+    if isinstance(data, tuple):
+        return tuple(to_device(sample, device, tensors) for sample in data)
+    if isinstance(data, Sequence):
+        moved_items = [to_device(sample, device, tensors) for sample in data]
+        try:
+            return type(data)(moved_items)  # type: ignore[call-arg]
+        except TypeError:
+            return moved_items
+    return data
+
+
+class _Failure:
+    """An exception raised while loading a batch, delivered in its batch's turn."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class DevicePrefetcher:
+    """Keeps up to ``depth`` batches' copies in flight on a side stream."""
+
+    def __init__(self, device: torch.device, depth: int) -> None:
+        self.device = device
+        self.depth = depth
+        self.stream = torch.cuda.Stream(device)
+        self._queue: deque[tuple[torch.cuda.Event, Any, list[torch.Tensor]] | _Failure] = deque()
+        self._ended = False
+
+    def reset(self) -> None:
+        """A new epoch: what was prefetched for the last one is dropped."""
+        self._queue.clear()
+        self._ended = False
+
+    def _start_copy(self, batch: Any) -> None:
+        tensors: list[torch.Tensor] = []
+        with torch.cuda.stream(self.stream):
+            moved = to_device(batch, self.device, tensors)
+            copied = torch.cuda.Event()
+            copied.record(self.stream)
+        self._queue.append((copied, moved, tensors))
+
+    def next(self, load: Callable[[], Any]) -> Any:
+        """The next batch on the device; ``load()`` gives the next host batch."""
+        while len(self._queue) < self.depth and not self._ended:
+            try:
+                batch = load()
+            except StopIteration:
+                self._ended = True
+                break
+            except Exception as error:
+                self._queue.append(_Failure(error))
+                break
+            self._start_copy(batch)
+        if not self._queue:
+            self._ended = False
+            raise StopIteration
+        item = self._queue.popleft()
+        if isinstance(item, _Failure):
+            raise item.error
+        copied, moved, tensors = item
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(copied)
+        for tensor in tensors:
+            # Allocated on the side stream, used on the consumer's: the
+            # allocator must wait for the consumer's work before reusing it.
+            tensor.record_stream(consumer)
+        return moved
+
+
+class DeviceStage:
+    """Iterator mixin: batches come out on ``loader.device``, prefetched.
+
+    An iterator class lists it first among its bases and names its own
+    loading method ``_next_host_data``.
+    """
+
+    _prefetcher: DevicePrefetcher | None = None
+
+    def _init_device(self, loader: Any) -> None:
+        device = resolve_device(loader.device)
+        if device is not None:
+            self._prefetcher = DevicePrefetcher(device, loader.device_prefetch)
+
+    def _next_host_data(self) -> Any:
+        raise NotImplementedError
+
+    def _next_data(self) -> Any:
+        if self._prefetcher is None:
+            return self._next_host_data()
+        return self._prefetcher.next(self._next_host_data)
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        super()._reset(loader, first_iter)  # type: ignore[misc]
+        if self._prefetcher is not None:
+            self._prefetcher.reset()

@@ -1,0 +1,49 @@
+//! Decoding a batch of images in parallel straight into one buffer: each
+//! image is decoded, resized into its slot of the batch and dropped, so the
+//! only copy of its pixels that outlives it is the one in the batch.
+
+use rayon::prelude::*;
+
+use super::error::DecodeError;
+use super::image::{decode_image_into, ImageOptions};
+
+/// Decodes `count` images, the `i`-th from `read(i)`, into `out`: `count`
+/// consecutive images of `options.size` (required) in `options.mode`. Runs
+/// on rayon's pool; the first failure is reported with its image's index.
+pub fn decode_images_into<'a, R, B>(
+    count: usize,
+    read: R,
+    options: &ImageOptions,
+    out: &mut [u8],
+) -> Result<(), DecodeError>
+where
+    R: Fn(usize) -> Result<B, DecodeError> + Sync,
+    B: std::ops::Deref<Target = [u8]> + 'a,
+{
+    let (height, width) = options.size.ok_or_else(|| {
+        DecodeError::InvalidArgument("decoding a batch needs a size".to_owned())
+    })?;
+    let image_len = height
+        .checked_mul(width)
+        .and_then(|pixels| pixels.checked_mul(options.mode.channels()))
+        .filter(|&len| len > 0)
+        .ok_or_else(|| {
+            DecodeError::InvalidArgument(format!("size ({height}, {width}) is not valid"))
+        })?;
+    if Some(out.len()) != image_len.checked_mul(count) {
+        return Err(DecodeError::InvalidArgument(format!(
+            "the output holds {} bytes, not the {count} x {image_len} of {count} images",
+            out.len()
+        )));
+    }
+    out.par_chunks_mut(image_len)
+        .enumerate()
+        .try_for_each(|(index, slot)| {
+            read(index)
+                .and_then(|data| decode_image_into(&data, options, slot))
+                .map_err(|err| DecodeError::InBatch {
+                    index,
+                    source: Box::new(err),
+                })
+        })
+}
