@@ -21,8 +21,8 @@ __all__ = ["DEFAULT_MAX_BYTES", "load_npy", "load_npz"]
 #: load_npz's default cap on the bytes that inflating members may allocate: 4 GiB.
 DEFAULT_MAX_BYTES = 2**32
 
-# Any other C-contiguous buffer of bytes (a uint8 numpy array) works too.
-_Data = bytes | bytearray | memoryview | mmap.mmap | str | os.PathLike[str]
+# Or any other C-contiguous buffer of bytes.
+_Data = bytes | bytearray | memoryview | mmap.mmap | np.ndarray | str | os.PathLike[str]
 
 
 def _array(buffer: Any, offset: int, header: tuple[str, tuple[int, ...], bool]) -> np.ndarray:
@@ -60,7 +60,7 @@ def load_npy(data: _Data) -> np.ndarray:
 
 def load_npz(
     data: _Data, *, max_bytes: int = DEFAULT_MAX_BYTES, check_crc: bool = True
-) -> dict[str, np.ndarray | bytes]:
+) -> dict[str, Any]:
     """Loads an NPZ archive, as ``dict(numpy.load(data))`` would.
 
     ``data`` is the archive's contents (``bytes``, ``bytearray``,
@@ -93,10 +93,9 @@ def load_npz(
         raise TypeError(f"max_bytes must be an int, not {type(max_bytes).__name__}")
     if not 0 <= max_bytes < 2**64:
         raise ValueError(f"max_bytes must be between 0 and 2**64 - 1, got {max_bytes}")
-    archive, members = _minato._load_npz(data, max_bytes, bool(check_crc))
-    if archive is None:
-        archive = data
-    result: dict[str, np.ndarray | bytes] = {}
+    read, members = _minato._load_npz(data, max_bytes, bool(check_crc))
+    archive: Any = data if read is None else read
+    result: dict[str, Any] = {}
     for key, buffer, offset, length, header in members:
         source = archive if buffer is None else buffer
         if header is None:

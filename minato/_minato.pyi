@@ -5,7 +5,19 @@ from typing import Any, final
 
 import numpy
 
-__all__ = ["DecodeError", "Engine", "SampleEngine"]
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "DecodeError",
+    "Engine",
+    "SampleEngine",
+    "_HAS_VIDEO",
+    "_decode_image",
+    "_decode_images_into",
+    "_decode_video",
+    "_load_npy",
+    "_load_npz",
+    "_stack_into",
+]
 
 @final
 class Engine:
@@ -67,6 +79,10 @@ class SampleEngine:
 
 class DecodeError(ValueError):
     """Data that minato.io cannot decode."""
+
+# --- collate fast path (rust/bindings/collate.rs) ---
+
+def _stack_into(samples: list[tuple[int, int]], out: int, out_len: int) -> None: ...
 
 # --- minato.io: images (rust/bindings/io_image.rs) ---
 

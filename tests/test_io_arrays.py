@@ -9,7 +9,7 @@ import pathlib
 import pickle
 import struct
 import zipfile
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -37,6 +37,7 @@ NUMERIC = [
     "c16",
 ]
 SHAPES = [(), (0,), (5,), (2, 3), (2, 0, 3), (2, 3, 4)]
+BYTE_ORDERS: list[Literal["<", ">"]] = ["<", ">"]
 
 
 def sample(dtype: np.dtype, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
@@ -95,8 +96,8 @@ def assert_same_dict(actual: dict[str, Any], expected: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("code", NUMERIC)
-@pytest.mark.parametrize("order", "<>")
-def test_npy_matches_numpy_for_every_numeric_dtype(code: str, order: str) -> None:
+@pytest.mark.parametrize("order", BYTE_ORDERS)
+def test_npy_matches_numpy_for_every_numeric_dtype(code: str, order: Literal["<", ">"]) -> None:
     dtype = np.dtype(code).newbyteorder(order)
     for shape in SHAPES:
         for fortran in (False, True):
@@ -276,7 +277,7 @@ def test_npz_matches_numpy(compressed: bool) -> None:
     arrays = {
         f"{code}_{order}_{i}": sample(np.dtype(code).newbyteorder(order), shape, seed=i)
         for code in NUMERIC
-        for order in "<>"
+        for order in BYTE_ORDERS
         for i, shape in enumerate(SHAPES)
     }
     arrays["fortran"] = np.asfortranarray(sample(np.dtype("<f4"), (3, 4, 5)))
@@ -304,7 +305,10 @@ def test_npz_stored_members_are_views_and_deflated_ones_own_their_memory() -> No
 
 
 def test_npz_inputs(tmp_path: pathlib.Path) -> None:
-    arrays = {"x": np.arange(12, dtype=">i4").reshape(3, 4), "y": np.ones(3, dtype="c8")}
+    arrays: dict[str, Any] = {
+        "x": np.arange(12, dtype=">i4").reshape(3, 4),
+        "y": np.ones(3, dtype="c8"),
+    }
     for compressed in (False, True):
         path = tmp_path / f"a{compressed}.npz"
         (np.savez_compressed if compressed else np.savez)(path, **arrays)

@@ -11,13 +11,17 @@ use crate::collate::StackError;
 use crate::engine::EngineError;
 use crate::io::DecodeError;
 
-pyo3::create_exception!(
-    minato.io,
-    PyDecodeError,
-    PyValueError,
-    "Data that minato.io cannot decode: truncated, corrupt, unsupported or over a size cap. \
-     The message names the format and the reason."
-);
+/// Python's side of the decode errors, in a module of its own so that the
+/// exception's Python name is `DecodeError`, like the Rust enum's.
+pub(crate) mod python {
+    pyo3::create_exception!(
+        minato.io,
+        DecodeError,
+        pyo3::exceptions::PyValueError,
+        "Data that minato.io cannot decode: truncated, corrupt, unsupported or over a size \
+         cap. The message names the format and the reason."
+    );
+}
 
 /// Failures the bindings report to Python.
 #[derive(Debug)]
@@ -67,7 +71,7 @@ impl From<DecodeError> for PyErr {
             }
             // A bad argument, not bad data: the ValueError torch would raise.
             DecodeError::InvalidArgument(_) => PyValueError::new_err(err.to_string()),
-            _ => PyDecodeError::new_err(err.to_string()),
+            _ => python::DecodeError::new_err(err.to_string()),
         }
     }
 }

@@ -124,7 +124,7 @@ pub fn decode_video(
     init_ffmpeg();
     let _capture = LogCapture::start();
     let mut opened = OpenedInput::open(source, options.max_pixels)?;
-    let mut video = VideoStream::find(&mut opened.input, options.max_pixels)?;
+    let mut video = VideoStream::find(&mut opened, options.max_pixels)?;
     video.decode(&mut opened.input, options)
 }
 
@@ -293,6 +293,10 @@ fn failure(what: &str, error: ffmpeg::Error) -> DecodeError {
 /// drop in order: the demuxer before the I/O it reads from.
 struct OpenedInput<'a> {
     input: Input,
+    /// Each stream's frame size in pixels as the header declares it (0 when
+    /// it does not): a stream whose decoders refused its frames for the cap
+    /// comes out of avformat_find_stream_info with its size reset to 0.
+    header_pixels: Vec<u64>,
     _memory: Option<MemoryIo<'a>>,
 }
 
@@ -311,6 +315,9 @@ impl<'a> OpenedInput<'a> {
         // owned by nothing else; Input closes it (avformat_close_input) on
         // drop, which leaves a custom AVIOContext to `memory`, dropped after.
         let mut input = unsafe { Input::wrap(context) };
+        let header_pixels = (0..input.nb_streams() as usize)
+            .map(|index| frame_pixels(&input, index))
+            .collect();
         let mut stream_options = Vec::new();
         for _ in 0..input.nb_streams() {
             let mut options = Dictionary::new();
@@ -334,9 +341,23 @@ impl<'a> OpenedInput<'a> {
         }
         Ok(OpenedInput {
             input,
+            header_pixels,
             _memory: memory,
         })
     }
+}
+
+/// Pixels per frame of stream `index` as its codec parameters say (0 when
+/// they do not).
+fn frame_pixels(input: &Input, index: usize) -> u64 {
+    // SAFETY: `index` is below nb_streams of an opened context, whose
+    // streams all have codec parameters.
+    let (width, height) = unsafe {
+        let context = input.as_ptr();
+        let parameters = (**(*context).streams.add(index)).codecpar;
+        ((*parameters).width, (*parameters).height)
+    };
+    u64::try_from(width).unwrap_or(0) * u64::try_from(height).unwrap_or(0)
 }
 
 /// Opens `path` with FFmpeg's `file:` protocol, and only that, so that
@@ -618,7 +639,8 @@ struct VideoStream {
 impl VideoStream {
     /// Picks the best video stream and opens its decoder, which refuses
     /// frames above `max_pixels`.
-    fn find(input: &mut Input, max_pixels: u64) -> Result<Self, DecodeError> {
+    fn find(opened: &mut OpenedInput<'_>, max_pixels: u64) -> Result<Self, DecodeError> {
+        let input = &mut opened.input;
         let container = input.format().name().to_owned();
         let Some(stream) = input.streams().best(media::Type::Video) else {
             let kinds: Vec<String> = input
@@ -643,12 +665,8 @@ impl VideoStream {
         let description = format!("{codec_name} in {container}");
         // A frame the header declares beyond the cap fails before decoding
         // (and before the decoder refuses it, less clearly).
-        // SAFETY: a stream of an opened context has valid codec parameters.
-        let (width, height) = unsafe {
-            let parameters = (*stream.as_ptr()).codecpar;
-            ((*parameters).width, (*parameters).height)
-        };
-        let declared_pixels = u64::from(width.max(0) as u32) * u64::from(height.max(0) as u32);
+        let header_pixels = opened.header_pixels.get(index).copied().unwrap_or(0);
+        let declared_pixels = header_pixels.max(frame_pixels(input, index));
         DecodeError::check_size(FORMAT, declared_pixels, max_pixels)?;
         let decoder = codec::context::Context::from_parameters(stream.parameters())
             .and_then(|mut context| {
@@ -1232,6 +1250,24 @@ mod tests {
             ..VideoOptions::new(4)
         };
         assert!(decode(&data, &options).is_ok());
+        // Resized output or not, no decoded frame may exceed the cap.
+        let options = VideoOptions {
+            size: Some((1, 1)),
+            max_pixels: 99,
+            ..VideoOptions::new(4)
+        };
+        let err = decode(&data, &options).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DecodeError::TooLarge {
+                    pixels: 100,
+                    limit: 99,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
