@@ -50,9 +50,7 @@ def generate_jpegs(count: int, seed: int = 0) -> list[bytes]:
         )
         pixels += rng.normal(0, 8, pixels.shape)
         buffer = io.BytesIO()
-        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(
-            buffer, "JPEG", quality=90
-        )
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
         images.append(buffer.getvalue())
     return images
 

@@ -62,6 +62,36 @@ def main() -> None:
         archive.writestr("x.npy", npy(np.arange(3)))
         archive.comment = b"a comment"
     (CORPUS / "npz" / "mixed.npz").write_bytes(out.getvalue())
+    image_seeds()
+
+
+def image_seeds() -> None:
+    """Small images of every kind decode_image reads: fuzz/corpus/image."""
+    from PIL import Image
+
+    (CORPUS / "image").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    rgb = Image.fromarray(rng.integers(0, 256, (12, 17, 3), dtype=np.uint8))
+    variants = {
+        "baseline.jpg": (rgb, "JPEG", {"quality": 80}),
+        "444.jpg": (rgb, "JPEG", {"quality": 90, "subsampling": 0}),
+        "progressive.jpg": (rgb, "JPEG", {"progressive": True}),
+        "restart.jpg": (rgb, "JPEG", {"restart_marker_blocks": 1}),
+        "gray.jpg": (rgb.convert("L"), "JPEG", {}),
+        "cmyk.jpg": (rgb.convert("CMYK"), "JPEG", {}),
+        "rgb.png": (rgb, "PNG", {}),
+        "rgba.png": (rgb.convert("RGBA"), "PNG", {}),
+        "gray.png": (rgb.convert("L"), "PNG", {}),
+        "palette.png": (rgb.convert("P"), "PNG", {}),
+        "interlaced.png": (rgb, "PNG", {"interlace": 1}),
+        "lossless.webp": (rgb, "WEBP", {"lossless": True}),
+        "lossy.webp": (rgb, "WEBP", {"quality": 50}),
+        "alpha.webp": (rgb.convert("RGBA"), "WEBP", {}),
+    }
+    for name, (image, fmt, options) in variants.items():
+        out = io.BytesIO()
+        image.save(out, fmt, **options)
+        (CORPUS / "image" / name).write_bytes(out.getvalue())
 
 
 if __name__ == "__main__":

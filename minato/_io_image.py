@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
 
 #: bytes, any C-contiguous buffer of bytes (bytearray, memoryview, mmap, numpy), or a path.
-ImageSource = Union[bytes, bytearray, memoryview, str, os.PathLike, Any]
+ImageSource = bytes | bytearray | memoryview | str | os.PathLike | Any
 
 _MODES = {"RGB": 3, "L": 1, "RGBA": 4}
 

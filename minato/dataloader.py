@@ -123,7 +123,8 @@ class DataLoader(torch.utils.data.DataLoader):
             )
         if device_prefetch < 1:
             raise ValueError(
-                f"device_prefetch option should be positive, but got device_prefetch={device_prefetch}"
+                "device_prefetch option should be positive, "
+                f"but got device_prefetch={device_prefetch}"
             )
         # Fails here, not at the first batch, when the device cannot be had.
         resolve_device(device)

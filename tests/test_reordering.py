@@ -133,8 +133,10 @@ def test_an_iterable_dataset_moves_whole_batches_only() -> None:
 
 def test_a_worker_stuck_on_a_slow_sample_is_replaced_then_retired() -> None:
     dataset = Blocking(40, blocked={0}, fast_s=0.001)
+    # A fixed pool: the adaptive controller may also add workers while the
+    # first batch is awaited, and this counts replacements exactly.
     loader = minato.DataLoader(
-        dataset, batch_size=4, num_workers=2, in_order=False, sample_timeout=0.05
+        dataset, batch_size=4, num_workers=2, in_order=False, sample_timeout=0.05, adaptive=False
     )
     it = iter(loader)
     batches = [next(it)]
@@ -157,6 +159,7 @@ def test_the_pool_shrinks_back_once_the_slow_sample_finishes() -> None:
         in_order=False,
         sample_timeout=0.02,
         persistent_workers=True,
+        adaptive=False,  # a fixed pool: only replacements change its size
     )
     it = iter(loader)
     next(it)
@@ -177,6 +180,7 @@ def test_slow_samples_in_flight_are_bounded() -> None:
         in_order=False,
         sample_timeout=0.02,
         max_slow_samples=1,
+        adaptive=False,  # a fixed pool: only replacements change its size
     )
     it = iter(loader)
     batches = [next(it)]

@@ -18,7 +18,10 @@ use pyo3::prelude::*;
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngine>()?;
     m.add_class::<sample_engine::PySampleEngine>()?;
-    m.add("DecodeError", m.py().get_type::<errors::python::DecodeError>())?;
+    m.add(
+        "DecodeError",
+        m.py().get_type::<errors::python::DecodeError>(),
+    )?;
     collate::register(m)?;
     io_image::register(m)?;
     io_array::register(m)?;

@@ -43,7 +43,10 @@ impl fmt::Display for StackError {
                 index,
                 len,
                 expected,
-            } => write!(f, "sample {index} has {len} bytes where the first has {expected}"),
+            } => write!(
+                f,
+                "sample {index} has {len} bytes where the first has {expected}"
+            ),
         }
     }
 }

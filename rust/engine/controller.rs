@@ -152,7 +152,11 @@ impl Controller {
             self.workers -= 1;
             return self.workers;
         }
-        let Some(occupancy) = self.occupancy else {
+        // Occupancy is what the consumer found when it asked for a batch:
+        // in a window where it did not ask (a long training step, or a loop
+        // that stopped iterating) there is no new evidence, and the average
+        // of older windows must not keep the pool growing.
+        let (Some(occupancy), Some(_)) = (self.occupancy, window.occupancy) else {
             return self.workers;
         };
         let config = &self.config;
@@ -334,6 +338,27 @@ mod tests {
         assert_eq!(controller.observe(idle), 4, "no gain: a second look");
         assert_eq!(controller.observe(idle), 2, "still none: taken back");
         assert_eq!(controller.observe(idle), 1, "one fewer, probed");
+    }
+
+    #[test]
+    fn windows_without_a_consumer_request_never_resize() {
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 4);
+        assert_eq!(controller.observe(window(400.0, 0.0, None)), 6);
+        assert_eq!(controller.observe(window(600.0, 0.0, None)), 6, "kept");
+        let idle = Window {
+            throughput: 0.0,
+            occupancy: None,
+            cpu: None,
+        };
+        // The average still says "starving", but nobody asked: hold.
+        for _ in 0..20 {
+            assert_eq!(controller.observe(idle), 6);
+        }
+        // A full queue moves the average up from 0: 0.5, 0.75, 0.875, then
+        // past 0.9, where the pool shrinks.
+        let full = window(600.0, 1.0, None);
+        let counts: Vec<usize> = (0..4).map(|_| controller.observe(full)).collect();
+        assert_eq!(counts, [6, 6, 6, 5]);
     }
 
     #[test]

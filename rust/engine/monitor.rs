@@ -121,7 +121,11 @@ impl Adapter {
             if !all_busy && elapsed < one_task {
                 return;
             }
-        } else if elapsed < MIN_WINDOW.max(self.task_time * TASKS_PER_WINDOW).min(MAX_WINDOW) {
+        } else if elapsed
+            < MIN_WINDOW
+                .max(self.task_time * TASKS_PER_WINDOW)
+                .min(MAX_WINDOW)
+        {
             return;
         }
         let finished = now.samples.saturating_sub(self.start.samples);

@@ -20,9 +20,9 @@ where
     R: Fn(usize) -> Result<B, DecodeError> + Sync,
     B: std::ops::Deref<Target = [u8]> + 'a,
 {
-    let (height, width) = options.size.ok_or_else(|| {
-        DecodeError::InvalidArgument("decoding a batch needs a size".to_owned())
-    })?;
+    let (height, width) = options
+        .size
+        .ok_or_else(|| DecodeError::InvalidArgument("decoding a batch needs a size".to_owned()))?;
     let image_len = height
         .checked_mul(width)
         .and_then(|pixels| pixels.checked_mul(options.mode.channels()))

@@ -8,11 +8,20 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DecodeError {
     /// The data ended before the format said it would.
-    Truncated { format: &'static str, reason: String },
+    Truncated {
+        format: &'static str,
+        reason: String,
+    },
     /// The data breaks the format's rules.
-    Corrupt { format: &'static str, reason: String },
+    Corrupt {
+        format: &'static str,
+        reason: String,
+    },
     /// The data is valid but uses something minato does not decode.
-    Unsupported { format: &'static str, reason: String },
+    Unsupported {
+        format: &'static str,
+        reason: String,
+    },
     /// The bytes are not any format minato decodes.
     UnknownFormat,
     /// The decoded output would exceed the caller's pixel (or element) cap:

@@ -205,7 +205,9 @@ fn jpeg_error(err: DecodeErrors, options: &ImageOptions) -> DecodeError {
         DecodeErrors::FormatStatic(message) if message.contains("Premature end") => {
             DecodeError::truncated(FORMAT, message)
         }
-        DecodeErrors::Unsupported(scheme) => DecodeError::unsupported(FORMAT, format!("{scheme:?}")),
+        DecodeErrors::Unsupported(scheme) => {
+            DecodeError::unsupported(FORMAT, format!("{scheme:?}"))
+        }
         DecodeErrors::LargeDimensions(pixels) => DecodeError::TooLarge {
             format: FORMAT,
             pixels: pixels as u64,
@@ -241,7 +243,11 @@ fn decode_with_image_crate(
         .into_decoder()
         .map_err(image_error)?;
     let (width, height) = decoder.dimensions();
-    DecodeError::check_size(name, u64::from(width) * u64::from(height), options.max_pixels)?;
+    DecodeError::check_size(
+        name,
+        u64::from(width) * u64::from(height),
+        options.max_pixels,
+    )?;
     let image = DynamicImage::from_decoder(decoder).map_err(image_error)?;
     let (height, width) = (height as usize, width as usize);
     let (channels, data) = match options.mode {

@@ -49,7 +49,8 @@ pub(crate) fn resize_into(
     let options = ResizeOptions::new()
         .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
         .use_alpha(false);
-    RESIZER.with_borrow_mut(|resizer| resizer.resize(&from, &mut to, &options))
+    RESIZER
+        .with_borrow_mut(|resizer| resizer.resize(&from, &mut to, &options))
         .map_err(|err| invalid(&err.to_string()))
 }
 
