@@ -161,7 +161,7 @@ def main() -> None:
             f"  adaptive from 2:     {rate:8.0f} samples/s = {rate / best:.2f}x best fixed "
             f"({best_workers} workers); final {final}, peak {peak} workers; "
             f"0.9x best first reached after "
-            + ("never" if reached is None else f"{reached:.0%} of the epoch")
+            + ("never" if reached is None else f"{reached:.1%} of the epoch")
         )
         print(
             f"  gil wait {stats.gil_share and stats.gil_share:.0%} of fetch time"

@@ -140,8 +140,13 @@ impl Controller {
                     self.try_fewer = true;
                 }
                 self.workers = probe.from;
+                return self.workers;
             }
-            return self.workers;
+            if !growth {
+                return self.workers;
+            }
+            // A growth step that paid: the window that judged it is also the
+            // next step's baseline, so a ramp takes one window a step.
         }
         if std::mem::take(&mut self.try_fewer) && self.workers > self.config.min_workers {
             self.probe = Some(Probe {
@@ -285,8 +290,10 @@ mod tests {
         // Scales linearly up to 10 workers, flat after.
         let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
         let counts = settle(&mut controller, |n| 100.0 * n.min(10) as f64, 30);
-        // Settled at 10 until the ceiling expires and 12 is probed again.
-        assert!(counts[12..28].iter().all(|&n| n == 10), "{counts:?}");
+        // One window a step up to 12, which does not pay; 9 is probed and
+        // loses; then 10 until the ceiling expires and 12 is probed again.
+        assert_eq!(&counts[..8], &[4, 6, 8, 10, 12, 12, 10, 9], "{counts:?}");
+        assert!(counts[8..26].iter().all(|&n| n == 10), "{counts:?}");
         assert!(counts.iter().all(|&n| n <= 12));
     }
 
@@ -344,7 +351,12 @@ mod tests {
     fn windows_without_a_consumer_request_never_resize() {
         let mut controller = Controller::new(ControllerConfig::new(1, 64), 4);
         assert_eq!(controller.observe(window(400.0, 0.0, None)), 6);
-        assert_eq!(controller.observe(window(600.0, 0.0, None)), 6, "kept");
+        assert_eq!(
+            controller.observe(window(600.0, 0.0, None)),
+            8,
+            "kept, and the next step taken"
+        );
+        assert_eq!(controller.observe(window(800.0, 1.0, None)), 8, "kept");
         let idle = Window {
             throughput: 0.0,
             occupancy: None,
@@ -352,13 +364,13 @@ mod tests {
         };
         // The average still says "starving", but nobody asked: hold.
         for _ in 0..20 {
-            assert_eq!(controller.observe(idle), 6);
+            assert_eq!(controller.observe(idle), 8);
         }
         // A full queue moves the average up from 0: 0.5, 0.75, 0.875, then
         // past 0.9, where the pool shrinks.
         let full = window(600.0, 1.0, None);
         let counts: Vec<usize> = (0..4).map(|_| controller.observe(full)).collect();
-        assert_eq!(counts, [6, 6, 6, 5]);
+        assert_eq!(counts, [8, 8, 7, 6]);
     }
 
     #[test]
@@ -370,8 +382,8 @@ mod tests {
             6,
             "a dip: look again"
         );
-        // The mean of the two looks, 500, is a 25% gain for an ideal 50%: kept.
-        assert_eq!(controller.observe(window(620.0, 0.0, None)), 6);
+        // The mean of the two looks, 500, is a 25% gain for an ideal 50%:
+        // kept, and the same window starts the next step.
         assert_eq!(controller.observe(window(620.0, 0.0, None)), 8, "and on");
     }
 

@@ -50,6 +50,16 @@ struct Busy {
     flagged_slow: bool,
 }
 
+/// The samples of a task that has run for `running`, prorated by the time a
+/// task takes on average.
+fn progress(running: Duration, task_time: Duration, samples: usize) -> f64 {
+    if task_time.is_zero() {
+        return 0.0;
+    }
+    let share = (running.as_secs_f64() / task_time.as_secs_f64()).min(1.0);
+    samples as f64 * share
+}
+
 /// How often an idle worker checks whether the pool has shrunk past it.
 const IDLE_CHECK: Duration = Duration::from_millis(50);
 /// Most entries kept in the worker-count history (the oldest go first).
@@ -223,6 +233,20 @@ impl<W: WorkerHooks> Pool<W> {
     /// Threads currently running their loop.
     pub fn live_workers(&self) -> usize {
         self.shared.state().live
+    }
+
+    /// How far the running tasks not flagged slow have got, in samples: each
+    /// counts its samples times the share of `task_time` it has run (at
+    /// most all of them).
+    pub fn samples_in_progress(&self, task_time: Duration) -> f64 {
+        let now = Instant::now();
+        let state = self.shared.state();
+        state
+            .busy
+            .values()
+            .filter(|busy| !busy.flagged_slow)
+            .map(|busy| progress(now.duration_since(busy.started), task_time, busy.samples))
+            .sum()
     }
 
     /// Workers running a task not flagged slow.
@@ -445,5 +469,18 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
         text.clone()
     } else {
         "a panic without a message".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_is_prorated_and_capped() {
+        let ms = Duration::from_millis;
+        assert_eq!(progress(ms(1), ms(4), 2), 0.5);
+        assert_eq!(progress(ms(9), ms(4), 3), 3.0);
+        assert_eq!(progress(ms(9), Duration::ZERO, 3), 0.0);
     }
 }

@@ -194,7 +194,7 @@ where
         self.bound = self.workers.scaled(self.max_samples_in_flight);
         let ready =
             self.assembler.ready_samples() + self.workers.results_waiting() * self.last_run_length;
-        self.workers.record_occupancy(ready, self.bound);
+        let _waiting = self.workers.record_occupancy(ready, self.bound);
         loop {
             if let Some(err) = &self.broken {
                 return Err(err.clone());

@@ -128,7 +128,7 @@ impl<W: WorkerHooks> Engine<W> {
         }
         self.bound = self.workers.scaled(self.max_in_flight);
         let ready = self.sequencer.ready() + self.workers.results_waiting();
-        self.workers.record_occupancy(ready, self.bound);
+        let _waiting = self.workers.record_occupancy(ready, self.bound);
         loop {
             if let Some(item) = self.sequencer.pop() {
                 return item;

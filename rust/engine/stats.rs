@@ -1,7 +1,8 @@
 //! What an engine reports about itself: a snapshot type, and the consumer's
 //! ready-queue occupancy, shared with the adaptive controller.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::fetch_times::FetchTimes;
@@ -51,6 +52,24 @@ pub(crate) struct Occupancy {
     window_count: AtomicU64,
     total_sum: AtomicU64,
     total_count: AtomicU64,
+    /// The consumer is inside `recv`, waiting for its batch.
+    consumer_waiting: AtomicBool,
+}
+
+/// Marks the consumer as waiting for a batch until dropped.
+pub(crate) struct ConsumerWaiting(Arc<Occupancy>);
+
+impl ConsumerWaiting {
+    pub fn new(occupancy: Arc<Occupancy>) -> Self {
+        occupancy.consumer_waiting.store(true, Ordering::Relaxed);
+        ConsumerWaiting(occupancy)
+    }
+}
+
+impl Drop for ConsumerWaiting {
+    fn drop(&mut self) {
+        self.0.consumer_waiting.store(false, Ordering::Relaxed);
+    }
 }
 
 impl Occupancy {
@@ -63,11 +82,16 @@ impl Occupancy {
         self.total_count.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The mean since the last call; None when nothing was recorded.
+    /// The mean since the last call. A consumer that asked before the
+    /// window and is still waiting found nothing ready all along: 0. None
+    /// when it neither asked nor waited.
     pub fn take_window(&self) -> Option<f64> {
         let count = self.window_count.swap(0, Ordering::Relaxed);
         let sum = self.window_sum.swap(0, Ordering::Relaxed);
-        (count > 0).then(|| sum as f64 / SCALE / count as f64)
+        if count == 0 {
+            return self.consumer_waiting.load(Ordering::Relaxed).then_some(0.0);
+        }
+        Some(sum as f64 / SCALE / count as f64)
     }
 
     /// The mean since the start.
@@ -95,5 +119,20 @@ mod tests {
         occupancy.record(1, 4);
         let mean = occupancy.mean().unwrap();
         assert!((mean - (2.25 / 4.0)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_consumer_still_waiting_counts_as_finding_nothing_ready() {
+        let occupancy = Arc::new(Occupancy::default());
+        let waiting = ConsumerWaiting::new(occupancy.clone());
+        assert_eq!(occupancy.take_window(), Some(0.0));
+        occupancy.record(2, 4);
+        assert_eq!(
+            occupancy.take_window(),
+            Some(0.5),
+            "what it saw when it asked"
+        );
+        drop(waiting);
+        assert_eq!(occupancy.take_window(), None);
     }
 }

@@ -11,7 +11,7 @@ use super::dispatch::{Dispatch, Dispatcher};
 use super::error::EngineError;
 use super::monitor::{Monitor, MonitorConfig};
 use super::pool::{Pool, WorkerHooks};
-use super::stats::{EngineStats, Occupancy};
+use super::stats::{ConsumerWaiting, EngineStats, Occupancy};
 use super::task::{Done, Task};
 
 /// Sends tasks to worker threads and receives what they finished.
@@ -100,8 +100,11 @@ impl<W: WorkerHooks> Workers<W> {
     }
 
     /// Records how full the ready queue is as the consumer asks for more.
-    pub fn record_occupancy(&self, ready: usize, capacity: usize) {
+    /// Records what the consumer found ready when it asked, and marks it
+    /// waiting until the returned guard drops (at the end of its `recv`).
+    pub fn record_occupancy(&self, ready: usize, capacity: usize) -> ConsumerWaiting {
         self.occupancy.record(ready, capacity);
+        ConsumerWaiting::new(self.occupancy.clone())
     }
 
     /// Finished tasks waiting in the result queue.
