@@ -58,8 +58,11 @@ class _Reporting(DeviceStage):
         if self._prefetcher is not None:
             # Copies run asynchronously only from page-locked memory.
             self._pin_memory = True
-        if self._collate_fn is default_collate:
-            self._collate_fn = fast_default_collate(pin=self._pin_memory)
+        if self._collate_fn is default_collate and self._pin_memory:
+            # Into page-locked memory at once, instead of torch's stack and
+            # then a second copy by pin_memory. Unpinned, torch.stack is as
+            # fast (benchmarks/collate.py), so torch's own collate stays.
+            self._collate_fn = fast_default_collate(pin=True)
         self._init_reporting(loader)
 
     def _init_reporting(self, loader: DataLoader) -> None:

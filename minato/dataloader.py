@@ -78,9 +78,9 @@ class DataLoader(torch.utils.data.DataLoader):
       CUDA, a CUDA device raises ``RuntimeError`` here; ``"cpu"`` or None
       leaves batches in CPU memory.
 
-    With the default ``collate_fn``, tensors and numpy arrays of one shape and
-    dtype are stacked into a batch tensor allocated once (page-locked when
-    ``pin_memory`` is active or ``device`` is a GPU) and filled by Rust threads
+    When batches are pinned (``pin_memory`` active, or ``device`` a GPU) and
+    ``collate_fn`` is the default, tensors and numpy arrays of one shape and
+    dtype are stacked straight into a page-locked batch tensor by Rust threads
     with the GIL released; the result is ``default_collate``'s.
 
     ``stats()`` tells where the time goes; ``print(loader.stats())`` shows a table.

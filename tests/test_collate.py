@@ -189,7 +189,7 @@ def test_any_stack_of_equal_arrays_matches_torch(arrays: list[np.ndarray]) -> No
     assert ours.dtype == torchs.dtype
 
 
-def test_loaders_use_it_and_deliver_what_torch_delivers() -> None:
+def test_loaders_deliver_what_torch_delivers() -> None:
     class Images(tud.Dataset):
         def __len__(self) -> int:
             return 40
@@ -202,6 +202,15 @@ def test_loaders_use_it_and_deliver_what_torch_delivers() -> None:
         torchs = list(tud.DataLoader(Images(), batch_size=8))
         for a, b in zip(ours, torchs, strict=True):
             assert_same(a, b)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the unpinned case")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_unpinned_batches_keep_torchs_own_collate(workers: int) -> None:
+    # Without page-locked memory the fast path saves no copy, and torch.stack
+    # is as fast: the loader keeps default_collate.
+    iterator = iter(minato.DataLoader(list(range(8)), batch_size=4, num_workers=workers))
+    assert iterator._collate_fn is default_collate
 
 
 def test_a_users_collate_fn_is_left_alone() -> None:

@@ -10,7 +10,10 @@
 //! with the window before, and a step that did not raise samples/s by at
 //! least 30% of what the added workers should give (judged on the mean of
 //! two windows, so one noisy window is not enough) is taken back; the
-//! count it reached becomes a ceiling for a while. A step that did not pay
+//! count it reached becomes a ceiling for a while — briefly the first time
+//! (one noisy step should not stall a ramp), twice as long after each
+//! further failure in a row (work that does not scale is probed ever more
+//! rarely), and briefly again once a step pays. A step that did not pay
 //! is followed by one probe downwards, kept only if one worker fewer loses
 //! nothing: work that holds the GIL often runs fastest on a single thread.
 //! A saturated CPU stops growth outright.
@@ -46,8 +49,11 @@ pub struct ControllerConfig {
     /// A growth step must raise throughput by this fraction of the ideal
     /// gain (linear in the worker count) to be kept.
     pub min_gain_share: f64,
-    /// Decisions during which a count found useless is not probed again.
+    /// Decisions during which a count found useless is not probed again,
+    /// after a first failure; doubled after each further failure in a row...
     pub ceiling_windows: u32,
+    /// ...up to this many.
+    pub max_ceiling_windows: u32,
 }
 
 impl ControllerConfig {
@@ -61,7 +67,8 @@ impl ControllerConfig {
             ahead_above: 0.9,
             cpu_saturated: 0.9,
             min_gain_share: 0.3,
-            ceiling_windows: 20,
+            ceiling_windows: 4,
+            max_ceiling_windows: 128,
         }
     }
 }
@@ -92,6 +99,8 @@ pub struct Controller {
     probe: Option<Probe>,
     /// A count that did not pay, and for how many more decisions it holds.
     ceiling: Option<(usize, u32)>,
+    /// How long the next ceiling holds.
+    ceiling_windows: u32,
     /// A growth step just failed: try one worker fewer next.
     try_fewer: bool,
 }
@@ -100,6 +109,7 @@ impl Controller {
     pub fn new(config: ControllerConfig, workers: usize) -> Self {
         let workers = workers.clamp(config.min_workers, config.max_workers);
         Controller {
+            ceiling_windows: config.ceiling_windows,
             config,
             workers,
             occupancy: None,
@@ -136,7 +146,9 @@ impl Controller {
             }
             if !self.paid_off(probe, throughput) {
                 if !probe.downwards(self.workers) {
-                    self.ceiling = Some((probe.from, self.config.ceiling_windows));
+                    self.ceiling = Some((probe.from, self.ceiling_windows));
+                    self.ceiling_windows =
+                        (self.ceiling_windows * 2).min(self.config.max_ceiling_windows);
                     self.try_fewer = true;
                 }
                 self.workers = probe.from;
@@ -145,6 +157,7 @@ impl Controller {
             if !growth {
                 return self.workers;
             }
+            self.ceiling_windows = self.config.ceiling_windows;
             // A growth step that paid: the window that judged it is also the
             // next step's baseline, so a ramp takes one window a step.
         }
@@ -280,31 +293,63 @@ mod tests {
     fn one_worker_fewer_is_taken_back_when_it_loses_throughput() {
         // Scales up to 2 workers (the cores), flat after.
         let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
-        let counts = settle(&mut controller, |n| 100.0 * n.min(2) as f64, 7);
-        assert_eq!(&counts[..5], &[4, 4, 2, 1, 2], "{counts:?}");
-        assert!(counts[5..].iter().all(|&n| n == 2), "{counts:?}");
+        let counts = settle(&mut controller, |n| 100.0 * n.min(2) as f64, 6);
+        assert_eq!(counts, [4, 4, 2, 1, 2, 2], "{counts:?}");
+    }
+
+    /// The windows at which a count above `at` was probed.
+    fn probes_above(counts: &[usize], at: usize) -> Vec<usize> {
+        (0..counts.len())
+            .filter(|&i| counts[i] > at && (i == 0 || counts[i - 1] <= at))
+            .collect()
     }
 
     #[test]
     fn growth_stops_where_the_gain_ends() {
         // Scales linearly up to 10 workers, flat after.
         let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
-        let counts = settle(&mut controller, |n| 100.0 * n.min(10) as f64, 30);
+        let counts = settle(&mut controller, |n| 100.0 * n.min(10) as f64, 60);
         // One window a step up to 12, which does not pay; 9 is probed and
-        // loses; then 10 until the ceiling expires and 12 is probed again.
+        // loses; then 10, with 12 probed again ever more rarely.
         assert_eq!(&counts[..8], &[4, 6, 8, 10, 12, 12, 10, 9], "{counts:?}");
-        assert!(counts[8..26].iter().all(|&n| n == 10), "{counts:?}");
         assert!(counts.iter().all(|&n| n <= 12));
+        let probes = probes_above(&counts, 10);
+        let gaps: Vec<usize> = probes.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.len() >= 3, "{counts:?}");
+        assert!(gaps.windows(2).all(|g| g[1] > g[0]), "{gaps:?}");
+        let settled = counts.iter().filter(|&&n| n == 10).count();
+        assert!(settled * 10 >= counts.len() * 7, "mostly at 10: {counts:?}");
     }
 
     #[test]
-    fn a_ceiling_expires_and_the_count_is_probed_again() {
+    fn a_ceiling_expires_and_the_count_is_probed_again_ever_more_rarely() {
         let mut config = ControllerConfig::new(1, 64);
         config.ceiling_windows = 5;
         let mut controller = Controller::new(config, 2);
-        let counts = settle(&mut controller, |n| 100.0 * n.min(2) as f64, 14);
-        // Probed at the start and again each time the ceiling expired.
-        assert_eq!(counts, [4, 4, 2, 1, 2, 2, 2, 4, 4, 2, 1, 2, 2, 2]);
+        let counts = settle(&mut controller, |n| 100.0 * n.min(2) as f64, 40);
+        // Probed at the start, again when the 5-window ceiling expired, then
+        // after 10 windows, then 20.
+        assert_eq!(probes_above(&counts, 2), [0, 7, 19], "{counts:?}");
+        assert_eq!(&counts[..12], &[4, 4, 2, 1, 2, 2, 2, 4, 4, 2, 1, 2]);
+    }
+
+    #[test]
+    fn a_step_that_pays_resets_the_back_off() {
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
+        // Flat at first (three failed probes, ceilings of 4 then 8 windows)...
+        let flat = settle(&mut controller, |n| 100.0 * n.min(2) as f64, 24);
+        assert!(probes_above(&flat, 2).len() >= 2, "{flat:?}");
+        // ...then the work starts to scale: the next probe pays, and growth
+        // goes on one window a step.
+        let scaling = settle(&mut controller, |n| 100.0 * n as f64, 50);
+        let first_step = scaling.iter().position(|&n| n > 2).unwrap();
+        assert!(first_step <= 16, "the ceiling expired: {scaling:?}");
+        let ramp = &scaling[first_step - 1..];
+        let up_to_max = ramp.iter().position(|&n| n == 64).unwrap();
+        assert!(
+            ramp[..=up_to_max].windows(2).all(|w| w[1] == w[0] + 2),
+            "{scaling:?}"
+        );
     }
 
     #[test]
