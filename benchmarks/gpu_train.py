@@ -27,10 +27,10 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
-import numpy as np
 import torch
 import torch.utils.data as tud
 import torchvision
+from jpegs import generate_jpegs
 from PIL import Image
 from torchvision import transforms
 
@@ -38,23 +38,6 @@ import minato
 import minato.io
 
 SIZE = (224, 224)
-
-
-def generate_jpegs(count: int, seed: int = 0) -> list[bytes]:
-    rng = np.random.default_rng(seed)
-    images = []
-    for i in range(count):
-        height, width = rng.integers(300, 901, size=2)
-        y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-        pixels = np.stack(
-            [128 + 100 * np.sin(x / 17 + i), 128 + 100 * np.cos(y / 23), 128 + 50 * np.sin(x / 9)],
-            axis=-1,
-        )
-        pixels += rng.normal(0, 8, pixels.shape)
-        buffer = io.BytesIO()
-        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
-        images.append(buffer.getvalue())
-    return images
 
 
 class PilImages(tud.Dataset):

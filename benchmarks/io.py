@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 import torch.utils.data as tud
+from jpegs import generate_jpegs
 from PIL import Image
 from torchvision import transforms
 
@@ -32,27 +33,6 @@ import minato.io
 
 SIZE = (224, 224)
 BATCH = 32
-
-
-def generate_jpegs(count: int, seed: int = 0) -> list[bytes]:
-    rng = np.random.default_rng(seed)
-    images = []
-    for i in range(count):
-        height, width = rng.integers(300, 901, size=2)
-        y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-        pixels = np.stack(
-            [
-                128 + 100 * np.sin(x / rng.uniform(10, 40) + i),
-                128 + 100 * np.cos(y / rng.uniform(10, 40)),
-                128 + 60 * np.sin((x + y) / rng.uniform(10, 40)),
-            ],
-            axis=-1,
-        )
-        pixels += rng.normal(0, 8, pixels.shape)
-        buffer = io.BytesIO()
-        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
-        images.append(buffer.getvalue())
-    return images
 
 
 RESIZE = transforms.Resize(SIZE, antialias=True)
