@@ -35,6 +35,8 @@ MINATO_OPTIONS = {
     "adaptive": True,
     "max_workers": None,
     "log_interval": None,
+    "device": None,
+    "device_prefetch": 2,
 }
 
 
@@ -53,6 +55,8 @@ def test_minato_options_come_after_torchs_keyword_only_and_are_public_attributes
         adaptive=False,
         max_workers=7,
         log_interval=2.5,
+        device="cpu",
+        device_prefetch=3,
     )
     loader = minato.DataLoader(RangeDataset(), num_workers=2, **given)
     assert {name: getattr(loader, name) for name in given} == given
