@@ -10,8 +10,8 @@ echo "==> cargo fmt --check"
 cargo fmt --check
 echo "==> cargo clippy -- -D warnings"
 cargo clippy --all-features --all-targets -- -D warnings
-echo "==> cargo test"
-cargo test
+echo "==> cargo test (with decode_video's FFmpeg code)"
+cargo test --features video
 echo "==> ruff"
 ruff check .
 ruff format --check .
