@@ -45,7 +45,7 @@ def _shut_down_all_at_exit() -> None:
         iterator._shutdown(EXIT_GRACE_S)
 
 
-class _Reporting(DeviceStage):
+class _Delivery(DeviceStage):
     """What minato's iterators share: delivery bookkeeping (stats, periodic
     log lines, the GIL hint), the collate fast path and the device stage."""
 
@@ -83,7 +83,7 @@ class _Reporting(DeviceStage):
             self._recorder.check_gil()
 
 
-class _CallingThreadDataLoaderIter(_Reporting, _SingleProcessDataLoaderIter):
+class _CallingThreadDataLoaderIter(_Delivery, _SingleProcessDataLoaderIter):
     """torch's single-process iterator (num_workers=0), counting what it delivers."""
 
     def __init__(self, loader: DataLoader) -> None:
@@ -108,7 +108,7 @@ class _CallingThreadDataLoaderIter(_Reporting, _SingleProcessDataLoaderIter):
         return data
 
 
-class _ThreadDataLoaderIter(_Reporting, _BaseDataLoaderIter):
+class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
     """Keeps the engine fed with the sampler's indices and yields what it delivers.
 
     The sampler is iterated here, on the consumer's thread, as torch does; the

@@ -20,16 +20,7 @@ where
     R: Fn(usize) -> Result<B, DecodeError> + Sync,
     B: std::ops::Deref<Target = [u8]> + 'a,
 {
-    let (height, width) = options
-        .size
-        .ok_or_else(|| DecodeError::InvalidArgument("decoding a batch needs a size".to_owned()))?;
-    let image_len = height
-        .checked_mul(width)
-        .and_then(|pixels| pixels.checked_mul(options.mode.channels()))
-        .filter(|&len| len > 0)
-        .ok_or_else(|| {
-            DecodeError::InvalidArgument(format!("size ({height}, {width}) is not valid"))
-        })?;
+    let (_, _, image_len) = options.output_shape()?;
     if Some(out.len()) != image_len.checked_mul(count) {
         return Err(DecodeError::InvalidArgument(format!(
             "the output holds {} bytes, not the {count} x {image_len} of {count} images",

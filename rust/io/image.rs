@@ -83,17 +83,16 @@ pub struct Decoded {
 
 /// Decodes an encoded image, resized to `options.size` if given.
 pub fn decode_image(data: &[u8], options: &ImageOptions) -> Result<Decoded, DecodeError> {
-    let decoded = decode_native(data, options)?;
-    let Some((height, width)) = options.size else {
-        return Ok(decoded);
-    };
-    let channels = decoded.channels;
-    let mut out = vec![0; output_len(height, width, channels)?];
-    resize_into(&decoded, height, width, &mut out)?;
+    if options.size.is_none() {
+        return decode_native(data, options);
+    }
+    let (height, width, len) = options.output_shape()?;
+    let mut out = vec![0; len];
+    decode_image_into(data, options, &mut out)?;
     Ok(Decoded {
         height,
         width,
-        channels,
+        channels: options.mode.channels(),
         data: out,
     })
 }
@@ -105,13 +104,10 @@ pub fn decode_image_into(
     options: &ImageOptions,
     out: &mut [u8],
 ) -> Result<(), DecodeError> {
-    let (height, width) = options.size.ok_or_else(|| {
-        DecodeError::InvalidArgument("decoding into a buffer needs a size".to_owned())
-    })?;
-    let expected = output_len(height, width, options.mode.channels())?;
+    let (height, width, expected) = options.output_shape()?;
     if out.len() != expected {
         return Err(DecodeError::InvalidArgument(format!(
-            "the output holds {} bytes, not the {expected} of one {height}x{width} image",
+            "the output holds {} bytes, not the {expected} of one image",
             out.len()
         )));
     }
@@ -119,18 +115,26 @@ pub fn decode_image_into(
     resize_into(&decoded, height, width, out)
 }
 
-fn output_len(height: usize, width: usize, channels: usize) -> Result<usize, DecodeError> {
-    if height == 0 || width == 0 {
-        return Err(DecodeError::InvalidArgument(format!(
-            "size must be positive, not ({height}, {width})"
-        )));
+impl ImageOptions {
+    /// One output image's `(height, width, bytes)`: `size` (required) in
+    /// the mode. Checked before decoding, so a bad size costs no decode.
+    pub fn output_shape(&self) -> Result<(usize, usize, usize), DecodeError> {
+        let (height, width) = self.size.ok_or_else(|| {
+            DecodeError::InvalidArgument("decoding into a buffer needs a size".to_owned())
+        })?;
+        if height == 0 || width == 0 {
+            return Err(DecodeError::InvalidArgument(format!(
+                "size must be positive, not ({height}, {width})"
+            )));
+        }
+        height
+            .checked_mul(width)
+            .and_then(|pixels| pixels.checked_mul(self.mode.channels()))
+            .map(|len| (height, width, len))
+            .ok_or_else(|| {
+                DecodeError::InvalidArgument(format!("size ({height}, {width}) is too large"))
+            })
     }
-    height
-        .checked_mul(width)
-        .and_then(|pixels| pixels.checked_mul(channels))
-        .ok_or_else(|| {
-            DecodeError::InvalidArgument(format!("size ({height}, {width}) is too large"))
-        })
 }
 
 /// Decodes at the image's own size, in the requested mode.
