@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
+from torch._utils import ExceptionWrapper
 
 
 def resolve_device(device: str | int | torch.device | None) -> torch.device | None:
@@ -80,11 +81,23 @@ def to_device(data: Any, device: torch.device, tensors: list[torch.Tensor]) -> A
     return data
 
 
-class _Failure:
-    """An exception raised while loading a batch, delivered in its batch's turn."""
+class Failure:
+    """A batch that failed to load, delivered in its turn: a worker's
+    ``ExceptionWrapper`` (re-raised as torch does) or an exception raised
+    on the consumer's thread."""
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: BaseException | ExceptionWrapper) -> None:
         self.error = error
+
+    def raise_error(self) -> NoReturn:
+        if isinstance(self.error, ExceptionWrapper):
+            self.error.reraise()
+        raise self.error
+
+
+# What an iterator's host stage hands on: the tags of the indices in the
+# batch (see minato._resume) and the batch, or its Failure.
+HostBatch = tuple[list[int], Any]
 
 
 class DevicePrefetcher:
@@ -94,7 +107,9 @@ class DevicePrefetcher:
         self.device = device
         self.depth = depth
         self.stream = torch.cuda.Stream(device)
-        self._queue: deque[tuple[torch.cuda.Event, Any, list[torch.Tensor]] | _Failure] = deque()
+        self._queue: deque[tuple[list[int], torch.cuda.Event | None, Any, list[torch.Tensor]]] = (
+            deque()
+        )
         self._ended = False
 
     def reset(self) -> None:
@@ -102,47 +117,50 @@ class DevicePrefetcher:
         self._queue.clear()
         self._ended = False
 
-    def _start_copy(self, batch: Any) -> None:
+    def _start_copy(self, tags: list[int], batch: Any) -> None:
+        if isinstance(batch, Failure):
+            self._queue.append((tags, None, batch, []))
+            return
         tensors: list[torch.Tensor] = []
         with torch.cuda.stream(self.stream):
             moved = to_device(batch, self.device, tensors)
             copied = torch.cuda.Event()
             copied.record(self.stream)
-        self._queue.append((copied, moved, tensors))
+        self._queue.append((tags, copied, moved, tensors))
 
-    def next(self, load: Callable[[], Any]) -> Any:
-        """The next batch on the device; ``load()`` gives the next host batch."""
+    def next(self, load: Callable[[], HostBatch]) -> HostBatch:
+        """The next batch on the device, with its tags; ``load()`` gives the next host batch."""
         while len(self._queue) < self.depth and not self._ended:
             try:
-                batch = load()
+                tags, batch = load()
             except StopIteration:
                 self._ended = True
                 break
             except Exception as error:
-                self._queue.append(_Failure(error))
+                # Not a batch's own failure (a timeout, say): raised in turn.
+                self._queue.append(([], None, Failure(error), []))
                 break
-            self._start_copy(batch)
+            self._start_copy(tags, batch)
         if not self._queue:
             self._ended = False
             raise StopIteration
-        item = self._queue.popleft()
-        if isinstance(item, _Failure):
-            raise item.error
-        copied, moved, tensors = item
+        tags, copied, moved, tensors = self._queue.popleft()
+        if copied is None:
+            return tags, moved
         consumer = torch.cuda.current_stream(self.device)
         consumer.wait_event(copied)
         for tensor in tensors:
             # Allocated on the side stream, used on the consumer's: the
             # allocator must wait for the consumer's work before reusing it.
             tensor.record_stream(consumer)
-        return moved
+        return tags, moved
 
 
 class DeviceStage:
     """Iterator mixin: batches come out on ``loader.device``, prefetched.
 
     An iterator class lists it first among its bases and names its own
-    loading method ``_next_host_data``.
+    loading method ``_next_host_data``, which returns a ``HostBatch``.
     """
 
     _prefetcher: DevicePrefetcher | None = None
@@ -152,13 +170,28 @@ class DeviceStage:
         if device is not None:
             self._prefetcher = DevicePrefetcher(device, loader.device_prefetch)
 
-    def _next_host_data(self) -> Any:
+    def _next_host_data(self) -> HostBatch:
         raise NotImplementedError
 
+    def _delivered(self, tags: list[int]) -> None:
+        """Called as each batch (or its failure) is handed to the loop."""
+
+    def _epoch_ended(self) -> None:
+        """Called as the loop is told the epoch is over (StopIteration)."""
+
     def _next_data(self) -> Any:
-        if self._prefetcher is None:
-            return self._next_host_data()
-        return self._prefetcher.next(self._next_host_data)
+        try:
+            if self._prefetcher is None:
+                tags, data = self._next_host_data()
+            else:
+                tags, data = self._prefetcher.next(self._next_host_data)
+        except StopIteration:
+            self._epoch_ended()
+            raise
+        self._delivered(tags)
+        if isinstance(data, Failure):
+            data.raise_error()
+        return data
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)  # type: ignore[misc]

@@ -17,8 +17,9 @@ from torch.utils.data.dataloader import (
 )
 
 from minato._collate import fast_default_collate
-from minato._device import DeviceStage
+from minato._device import DeviceStage, Failure, HostBatch
 from minato._minato import Engine, SampleEngine
+from minato._resume import EpochStream, IterableStream, capture_epoch_rng
 from minato._stats import StatsRecorder, logger
 from minato._worker import EXHAUSTED, WorkerSpec, sample_count, worker_factory
 
@@ -65,6 +66,21 @@ class _Delivery(DeviceStage):
             self._collate_fn = fast_default_collate(pin=True)
         self._init_reporting(loader)
 
+    def _begin_epoch(
+        self, loader: DataLoader, epoch_rng: dict[str, Any], *, samples: bool = False
+    ) -> None:
+        """Starts the epoch's tagged index stream (see minato._resume); call
+        after torch made ``_sampler_iter``, before the first index is taken."""
+        self._epoch: EpochStream | IterableStream = loader._progress.begin_epoch(
+            loader, self._sampler_iter, epoch_rng, samples=samples
+        )
+
+    def _delivered(self, tags: list[int]) -> None:
+        self._epoch.delivered(tags)
+
+    def _epoch_ended(self) -> None:
+        self._epoch.ended = True
+
     def _init_reporting(self, loader: DataLoader) -> None:
         self._recorder: StatsRecorder = loader._stats_recorder
         self._log_interval: float | None = loader.log_interval
@@ -89,8 +105,12 @@ class _CallingThreadDataLoaderIter(_Delivery, _SingleProcessDataLoaderIter):
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
         self._init_delivery(loader)
+        # torch's samplers draw on their first batch, after torch's set-up.
+        self._begin_epoch(loader, capture_epoch_rng(loader))
         self._recorder.engine_started(None)
         self._batch_samples = 0
+        self._tags: list[int] = []
+        self._replay_pending = isinstance(self._epoch, IterableStream)
         fetcher = self._dataset_fetcher
         collate, auto_collation = self._collate_fn, fetcher.auto_collation
 
@@ -100,12 +120,38 @@ class _CallingThreadDataLoaderIter(_Delivery, _SingleProcessDataLoaderIter):
 
         fetcher.collate_fn = counting_collate
 
-    def _next_host_data(self) -> Any:
+    def _next_index(self) -> Any:
+        self._tags, index = self._epoch.next_batch()
+        return index
+
+    def _replay_stream(self) -> None:
+        """A resumed IterableDataset: drop the batches delivered before the checkpoint."""
+        self._replay_pending = False
+        assert isinstance(self._epoch, IterableStream)
+        for _ in range(self._epoch.take_skip(0)):
+            try:
+                _SingleProcessDataLoaderIter._next_data(self)
+            except StopIteration:
+                raise
+            except Exception:
+                pass  # it failed the first time too, and counted as delivered
+
+    def _next_host_data(self) -> HostBatch:
         started = time.perf_counter()
-        data = _SingleProcessDataLoaderIter._next_data(self)
+        iterable = isinstance(self._epoch, IterableStream)
+        try:
+            if self._replay_pending:
+                self._replay_stream()
+            self._tags = []
+            data = _SingleProcessDataLoaderIter._next_data(self)
+        except StopIteration:
+            raise
+        except Exception as error:
+            # As torch: the batch is used up, the error raised unwrapped.
+            return ([0] if iterable else self._tags), Failure(error)
         # Loading happens on this thread: all of it is time the loop waited.
         self._report(self._batch_samples, time.perf_counter() - started)
-        return data
+        return ([0] if iterable else self._tags), data
 
 
 class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
@@ -132,6 +178,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             num_workers=self._num_workers,
             base_seed=int(self._base_seed),
             worker_init_fn=loader.worker_init_fn,
+            take_stream_skip=loader._progress.take_stream_skip,
         )
 
     def _starting_workers(self, loader: DataLoader) -> int:
@@ -163,14 +210,24 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             shutdown_grace=SHUTDOWN_GRACE_S,
         )
 
-    def _to_batch(self, data: Any) -> tuple[int, Any]:
-        """What the engine delivered, as (sample count, the batch to yield)."""
-        if isinstance(data, ExceptionWrapper):
-            data.reraise()
-        return data  # type: ignore[no-any-return]
+    def _to_batch(self, data: Any) -> tuple[list[int], int, Any]:
+        """What the engine delivered, as (tags, sample count, the batch or its Failure).
+
+        A worker returns ``(tag, payload)``: the batch's tag for a map-style
+        dataset, the worker's stream for an iterable one."""
+        tag, payload = data
+        if isinstance(payload, ExceptionWrapper):
+            return [tag], 0, Failure(payload)
+        samples, batch = payload
+        return [tag], samples, batch
+
+    def _samples_reordered(self) -> bool:
+        return False
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
+        epoch_rng = capture_epoch_rng(loader)
         super()._reset(loader, first_iter)
+        self._begin_epoch(loader, epoch_rng, samples=self._samples_reordered())
         if self._engine is None:
             # First epoch, or a persistent iterator whose workers were stopped
             # (Ctrl-C in a notebook): start them.
@@ -189,18 +246,21 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             return
         while not self._sampler_done and engine.can_submit():
             try:
-                index = self._next_index()
+                tags, index = self._epoch.next_batch()
             except StopIteration:
                 self._sampler_done = True
                 return
-            if not self._submit(engine, index):
+            if not self._submit(engine, tags, index):
                 # Every worker of an iterable dataset is exhausted.
                 self._sampler_done = True
 
-    def _submit(self, engine: Any, index: Any) -> bool:
-        return bool(engine.submit(index, sample_count(index, self._auto_collation)))
+    def _submit(self, engine: Any, tags: list[int], index: Any) -> bool:
+        count = sample_count(index, self._auto_collation)
+        if tags:
+            index = (tags[0], index)
+        return bool(engine.submit(index, count))
 
-    def _next_host_data(self) -> Any:
+    def _next_host_data(self) -> HostBatch:
         if self._engine is None:
             raise StopIteration  # finished or stopped, as torch's iterator stays
         asked = time.perf_counter()
@@ -224,11 +284,13 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             # Refill before handing the batch over, as torch does: after k
             # batches the sampler has been advanced exactly as far as torch's.
             self._submit_ready()
-            samples, data = self._to_batch(data)
+            tags, samples, data = self._to_batch(data)
+            if isinstance(data, Failure):
+                return tags, data
             self._report(samples, waited)
             if self._pin_memory:
                 data = pin_memory(data, self._pin_memory_device)
-            return data
+            return tags, data
 
     def _shutdown(self, grace: float) -> None:
         engine = getattr(self, "_engine", None)
@@ -270,11 +332,19 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             shutdown_grace=SHUTDOWN_GRACE_S,
         )
 
-    def _submit(self, engine: Any, index: Any) -> bool:
-        return bool(engine.submit(index))
+    def _samples_reordered(self) -> bool:
+        return True
 
-    def _to_batch(self, data: Any) -> tuple[int, Any]:
-        for sample in data:
+    def _submit(self, engine: Any, tags: list[int], index: Any) -> bool:
+        return bool(engine.submit(list(zip(tags, index, strict=True))))
+
+    def _to_batch(self, data: Any) -> tuple[list[int], int, Any]:
+        tags = [tag for tag, _ in data]
+        samples = [sample for _, sample in data]
+        for sample in samples:
             if isinstance(sample, ExceptionWrapper):
-                sample.reraise()
-        return len(data), self._collate_fn(data)
+                return tags, 0, Failure(sample)
+        try:
+            return tags, len(samples), self._collate_fn(samples)
+        except Exception as error:
+            return tags, 0, Failure(error)

@@ -3,7 +3,9 @@
 The Rust engine calls ``make_worker(worker_id)`` once on each worker thread
 and the returned ``run(epoch, index)`` for each task. ``run`` never raises
 for a dataset or collate error: it returns torch's ``ExceptionWrapper``, which
-the consumer re-raises in order, as torch does.
+the consumer re-raises in order, as torch does. Every result carries a tag
+(see minato._resume): the one its index came with for a map-style dataset,
+the worker's id (its stream) for an iterable one.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class WorkerSpec:
     num_workers: int
     base_seed: int
     worker_init_fn: Callable[[int], None] | None
+    # For an IterableDataset resumed mid-epoch: batches a worker's stream drops first.
+    take_stream_skip: Callable[[int], int] = lambda _stream: 0
 
 
 def _where(worker_id: int, index: object = None) -> str:
@@ -75,10 +79,11 @@ def worker_factory(
 ) -> Callable[[int], Callable[[int, Any], Any]]:
     """The `make_worker` the engine calls on each new worker thread.
 
-    Its `run(epoch, index)` loads one batch (the index list torch's batch
-    sampler gave) and returns ``(sample count, collated batch)``, or, with
-    `samples`, loads a run of single samples and returns them uncollated, one
-    output per index.
+    Its `run(epoch, (tag, index))` loads one batch (the index list torch's
+    batch sampler gave) and returns ``(tag, (sample count, collated batch))``
+    (for an iterable dataset `run(epoch, index)` returns ``(worker id, ...)``
+    or EXHAUSTED), or, with `samples`, loads a run of single samples
+    ``[(tag, index), ...]`` and returns them uncollated, ``[(tag, sample), ...]``.
     """
 
     def make_worker(worker_id: int) -> Callable[[int, Any], Any]:
@@ -114,19 +119,23 @@ def worker_factory(
                 )
             return None
 
-        def run(epoch: int, index: Any) -> Any:
+        def run(epoch: int, task: Any) -> Any:
+            tag, index = (worker_id, task) if spec.is_iterable else task
             error = failure()
             if error is not None:
-                return error
+                return tag, error
             assert fetcher is not None
-            return fetcher.fetch(epoch, index)
+            output = fetcher.fetch(epoch, index)
+            return output if output is EXHAUSTED else (tag, output)
 
-        def run_samples(epoch: int, indices: list[Any]) -> list[Any]:
+        def run_samples(epoch: int, tagged: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+            tags = [tag for tag, _ in tagged]
             error = failure()
             if error is not None:
-                return [error] * len(indices)
+                return [(tag, error) for tag in tags]
             assert isinstance(fetcher, _MapFetcher)
-            return fetcher.fetch_samples(indices)
+            samples = fetcher.fetch_samples([index for _, index in tagged])
+            return list(zip(tags, samples, strict=True))
 
         return run_samples if samples else run
 
@@ -194,11 +203,18 @@ class _IterableFetcher:
         self.ended = False
 
     def fetch(self, epoch: int, index: Any) -> Any:
-        spec = self.spec
-        if self.epoch is None:
+        if epoch != self.epoch:
+            if self.epoch is not None:
+                self.iterator, self.ended = iter(self.spec.dataset), False
             self.epoch = epoch
-        elif epoch != self.epoch:
-            self.epoch, self.iterator, self.ended = epoch, iter(spec.dataset), False
+            # A resumed epoch: drop what this stream delivered before the checkpoint.
+            for _ in range(self.spec.take_stream_skip(self.worker_id)):
+                if self._next_batch(index) is EXHAUSTED:
+                    break
+        return self._next_batch(index)
+
+    def _next_batch(self, index: Any) -> Any:
+        spec = self.spec
         if self.ended:
             return EXHAUSTED
         try:

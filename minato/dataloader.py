@@ -14,6 +14,7 @@ from minato._iterator import (
     _SampleDataLoaderIter,
     _ThreadDataLoaderIter,
 )
+from minato._resume import LoaderProgress
 from minato._stats import LoaderStats, StatsRecorder
 
 # Samples profiled before sample_timeout="auto" sets its first timeout.
@@ -161,6 +162,25 @@ class DataLoader(torch.utils.data.DataLoader):
         self.device = device
         self.device_prefetch = device_prefetch
         self._stats_recorder = StatsRecorder()
+        self._progress = LoaderProgress()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is, for ``load_state_dict`` after a restart.
+
+        In the middle of an epoch, a loader restored from it delivers exactly
+        the indices of this epoch not yet delivered (batches reordered or not,
+        slow samples in flight or not), then goes on with the same sampler
+        sequence as an uninterrupted run. It holds the sampler's position (its
+        own ``state_dict`` where it has one), the indices in flight, the
+        generators' states and the dataset's ``state_dict`` where it has one;
+        it can be saved with ``torch.save``. An IterableDataset's workers'
+        streams are resumed by loading and dropping what each had delivered.
+        """
+        return self._progress.state_dict(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a ``state_dict()``; the next ``iter(loader)`` resumes there."""
+        self._progress.load_state_dict(self, state_dict)
 
     def stats(self) -> LoaderStats:
         """Where the time went since this loader was first iterated."""
@@ -185,16 +205,20 @@ class DataLoader(torch.utils.data.DataLoader):
             return _CallingThreadDataLoaderIter(self)
         if not self.reorders():
             return _ThreadDataLoaderIter(self, in_order=True)
-        samples_may_move = (
-            self._auto_collation
-            and not self._batch_sampler_given
-            and not isinstance(self.dataset, torch.utils.data.IterableDataset)
-        )
-        if samples_may_move:
+        if self._samples_may_move():
             return _SampleDataLoaderIter(self)
         # A user's batch_sampler decides each batch's composition, an
         # iterable dataset's workers decide theirs: only whole batches move.
         return _ThreadDataLoaderIter(self, in_order=False)
+
+    def _samples_may_move(self) -> bool:
+        """Whether a reordering iterator may move single samples between
+        batches: only where torch's batch sampler decides the batches."""
+        return (
+            self._auto_collation
+            and not self._batch_sampler_given
+            and not isinstance(self.dataset, torch.utils.data.IterableDataset)
+        )
 
     def check_worker_number_rationality(self) -> None:
         # torch warns when worker processes outnumber the cores. Threads that

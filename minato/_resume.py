@@ -1,0 +1,415 @@
+"""Exact resume: which of an epoch's indices reached the training loop, and
+what a DataLoader's ``state_dict`` keeps to deliver the rest after a restart.
+
+Batches are reordered (fast samples first), so "k batches delivered" does not
+say which indices are done. Every batch (or, for the sample-level iterator,
+every sample) the sampler hands out gets a tag; a tag stays *pending* from
+the moment its indices are taken from the sampler until its batch is handed
+to the loop. A checkpoint therefore needs only the sampler's position and the
+pending indices: after a restart those are loaded first, then the sampler
+goes on from where it was. Pending indices are bounded by the work in
+flight, so the state stays small whatever the epoch's length.
+
+The sampler's position is kept in one of three ways, tried in order:
+
+- ``"iterator"``: the index sampler's iterator has ``state_dict`` (torchdata's
+  stateful batch sampler): its state is saved and loaded into a new iterator.
+- ``"sampler"``: the batch sampler or sampler has ``state_dict`` (torchdata's
+  ``StatefulDistributedSampler``, a user's own): saved, then loaded before
+  the epoch's iterator is made.
+- ``"replay"``: anything else. The torch generators the sampler draws from
+  (the loader's ``generator``, the samplers' ``generator`` attributes, torch's
+  global generator) and the samplers' ``epoch`` are captured when the epoch's
+  iterator is made; a resume restores them, makes the iterator again and
+  skips the batches already taken. Torch's own samplers are deterministic
+  given those, so the epoch repeats exactly, and the generators end the epoch
+  in the state an uninterrupted run leaves them in: later epochs match too.
+  torch's global generator is restored only while the resumed iterator draws
+  its first batch, then put back: it belongs to the training program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data.dataloader import _DatasetKind
+
+# Bumped when the layout of the state changes; a state of another version is refused.
+STATE_VERSION = 1
+_FORMAT = "minato.DataLoader"
+
+
+def _has_state(obj: object) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+def _samplers(loader: Any) -> dict[str, Any]:
+    """The loader's samplers by attribute path, each object once."""
+    batch_sampler = loader.batch_sampler
+    candidates = {
+        "sampler": loader.sampler,
+        "batch_sampler": batch_sampler,
+        "batch_sampler.sampler": getattr(batch_sampler, "sampler", None),
+    }
+    found: dict[str, Any] = {}
+    seen: set[int] = set()
+    for name, sampler in candidates.items():
+        if sampler is not None and id(sampler) not in seen:
+            seen.add(id(sampler))
+            found[name] = sampler
+    return found
+
+
+def _generators(loader: Any) -> dict[str, torch.Generator]:
+    """The torch generators an epoch's order may draw from, by attribute path."""
+    candidates = {"generator": loader.generator}
+    for name, sampler in _samplers(loader).items():
+        candidates[f"{name}.generator"] = getattr(sampler, "generator", None)
+    found: dict[str, torch.Generator] = {}
+    seen: set[int] = set()
+    for name, generator in candidates.items():
+        if isinstance(generator, torch.Generator) and id(generator) not in seen:
+            seen.add(id(generator))
+            found[name] = generator
+    return found
+
+
+def _generator_states(loader: Any) -> dict[str, torch.Tensor]:
+    return {name: generator.get_state() for name, generator in _generators(loader).items()}
+
+
+def _set_generator_states(loader: Any, states: dict[str, torch.Tensor]) -> None:
+    generators = _generators(loader)
+    for name, state in states.items():
+        if name in generators:
+            generators[name].set_state(state)
+
+
+def _sampler_epochs(loader: Any) -> dict[str, int]:
+    return {
+        name: sampler.epoch
+        for name, sampler in _samplers(loader).items()
+        if isinstance(getattr(sampler, "epoch", None), int)
+    }
+
+
+def _set_sampler_epochs(loader: Any, epochs: dict[str, int]) -> None:
+    samplers = _samplers(loader)
+    for name, epoch in epochs.items():
+        if name in samplers:
+            samplers[name].epoch = epoch
+
+
+def _stateful_sampler(loader: Any) -> tuple[str, Any] | None:
+    """The sampler that keeps its own position (batch sampler first), if any."""
+    for name, sampler in _samplers(loader).items():
+        if name != "batch_sampler.sampler" and _has_state(sampler):
+            return name, sampler
+    return None
+
+
+def capture_epoch_rng(loader: Any) -> dict[str, Any]:
+    """What the epoch's sampler iterator will draw from; call just before making it."""
+    return {
+        "generators": _generator_states(loader),
+        "global": torch.get_rng_state(),
+        "epochs": _sampler_epochs(loader),
+    }
+
+
+@contextlib.contextmanager
+def _global_rng(state: torch.Tensor) -> Iterator[None]:
+    """torch's global generator set to ``state`` inside, the program's own after."""
+    own = torch.get_rng_state()
+    torch.set_rng_state(state)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(own)
+
+
+class EpochStream:
+    """The epoch's batches of indices, each tagged, with those not yet delivered.
+
+    ``samples=True`` (the sample-level iterator) tags single samples and cuts
+    the stream into batches of ``batch_size`` (what torch's batch sampler
+    does); otherwise each batch the index sampler yields is one tagged unit.
+    Indices carried over from a checkpoint come first.
+    """
+
+    def __init__(
+        self,
+        batches: Iterator[Any],
+        *,
+        samples: bool,
+        batch_size: int,
+        carried: list[Any] | None = None,
+        pulled: int = 0,
+    ) -> None:
+        self._batches = batches
+        self._samples = samples
+        self._batch_size = batch_size
+        self._carried: deque[Any] = deque(carried or ())
+        # Samples of a batch taken from the sampler, not yet given a tag.
+        self._buffer: deque[Any] = deque()
+        self._pending: dict[int, Any] = {}
+        self._next_tag = 0
+        self.pulled = pulled
+        self.exhausted = False
+        # Set once the loop was told the epoch is over: only then is it complete
+        # (a checkpoint after the last batch, before StopIteration, resumes an
+        # empty rest of the epoch, as an uninterrupted loop would see).
+        self.ended = False
+
+    @property
+    def sampler_iterator(self) -> Iterator[Any]:
+        return self._batches
+
+    def _pull(self) -> Any:
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            self.exhausted = True
+            raise
+        self.pulled += 1
+        return batch
+
+    def _tag(self, index: Any) -> int:
+        tag = self._next_tag
+        self._next_tag += 1
+        self._pending[tag] = index
+        return tag
+
+    def next_batch(self) -> tuple[list[int], Any]:
+        """The next batch to load, as (its tags, the index or list of indices)."""
+        if not self._samples:
+            index = self._carried.popleft() if self._carried else self._pull()
+            return [self._tag(index)], index
+        indices: list[Any] = []
+        while len(indices) < self._batch_size:
+            if self._carried:
+                indices.append(self._carried.popleft())
+            elif self._buffer:
+                indices.append(self._buffer.popleft())
+            elif self.exhausted:
+                break
+            else:
+                try:
+                    self._buffer.extend(self._pull())
+                except StopIteration:
+                    break
+        if not indices:
+            raise StopIteration
+        return [self._tag(index) for index in indices], indices
+
+    def delivered(self, tags: list[int]) -> None:
+        for tag in tags:
+            self._pending.pop(tag, None)
+
+    def undelivered(self) -> list[Any]:
+        """Indices taken from the sampler and not delivered, in the sampler's order."""
+        return [*self._pending.values(), *self._carried, *self._buffer]
+
+    @property
+    def complete(self) -> bool:
+        return self.ended
+
+
+class IterableStream:
+    """An IterableDataset's epoch: each stream's batches delivered so far.
+
+    Each worker (the calling thread with ``num_workers=0``) owns one stream of
+    the dataset and loads its batches in turn, so what was delivered from a
+    stream is always a prefix of it. A resume replays each stream: its worker
+    loads and drops that many batches first (exact for deterministic streams).
+    """
+
+    def __init__(self, batches: Iterator[Any], delivered: dict[int, int] | None = None) -> None:
+        self._batches = batches
+        self.delivered_per_stream: dict[int, int] = dict(delivered or {})
+        self._skips = dict(self.delivered_per_stream)
+        self.ended = False
+
+    def next_batch(self) -> tuple[list[int], Any]:
+        return [], next(self._batches)
+
+    def delivered(self, streams: list[int]) -> None:
+        for stream in streams:
+            self.delivered_per_stream[stream] = self.delivered_per_stream.get(stream, 0) + 1
+
+    def take_skip(self, stream: int) -> int:
+        """Batches the stream must drop before its first one this epoch (once)."""
+        return self._skips.pop(stream, 0)
+
+    @property
+    def complete(self) -> bool:
+        return self.ended
+
+
+class LoaderProgress:
+    """A loader's position in its current epoch, kept across its iterators."""
+
+    def __init__(self) -> None:
+        self._stream: EpochStream | IterableStream | None = None
+        self._epoch_rng: dict[str, Any] | None = None
+        # A mid-epoch state loaded by load_state_dict, used by the next epoch start.
+        self._resume: dict[str, Any] | None = None
+
+    # -- the iterators' side -------------------------------------------------
+
+    def begin_epoch(
+        self, loader: Any, sampler_iter: Iterator[Any], epoch_rng: dict[str, Any], *, samples: bool
+    ) -> EpochStream | IterableStream:
+        """The stream of a new epoch: ``sampler_iter`` fresh, or the rest of a
+        checkpointed epoch when a state was loaded."""
+        resume, self._resume = self._resume, None
+        batch_size = loader.batch_size or 1
+        if loader._dataset_kind == _DatasetKind.Iterable:
+            delivered = None if resume is None else resume["delivered_per_stream"]
+            self._stream = IterableStream(sampler_iter, delivered)
+            return self._stream
+        if resume is None:
+            stream = EpochStream(sampler_iter, samples=samples, batch_size=batch_size)
+        else:
+            epoch_rng = resume.get("epoch_rng") or epoch_rng
+            stream = EpochStream(
+                self._resumed_sampler_iter(loader, resume),
+                samples=samples,
+                batch_size=batch_size,
+                carried=list(resume["undelivered"]),
+                pulled=resume["pulled"],
+            )
+        self._stream, self._epoch_rng = stream, epoch_rng
+        return stream
+
+    def _resumed_sampler_iter(self, loader: Any, resume: dict[str, Any]) -> Iterator[Any]:
+        index_sampler = loader._index_sampler
+        mode = resume["mode"]
+        if mode == "iterator":
+            sampler_iter = iter(index_sampler)
+            sampler_iter.load_state_dict(resume["sampler_state"])  # type: ignore[attr-defined]
+            return sampler_iter
+        if mode == "sampler":
+            # Loaded by load_state_dict; the sampler goes on from there.
+            return iter(index_sampler)
+        epoch_rng = resume["epoch_rng"]
+        _set_generator_states(loader, epoch_rng["generators"])
+        _set_sampler_epochs(loader, epoch_rng["epochs"])
+        with _global_rng(epoch_rng["global"]):
+            sampler_iter = iter(index_sampler)
+            # Draws the epoch's seed (torch's samplers draw on the first batch).
+            taken = list(itertools.islice(sampler_iter, resume["pulled"] + 1))
+        return itertools.chain(taken[resume["pulled"] :], sampler_iter)
+
+    # -- state_dict / load_state_dict ---------------------------------------
+
+    def state_dict(self, loader: Any) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "format": _FORMAT,
+            "version": STATE_VERSION,
+            "generators": _generator_states(loader),
+            "sampler_epochs": _sampler_epochs(loader),
+            "dataset_state": None,
+            "epoch": None,
+        }
+        if _has_state(loader.dataset):
+            state["dataset_state"] = loader.dataset.state_dict()
+        stream = self._stream if self._resume is None else None
+        if self._resume is not None:
+            # Loaded and not yet iterated: hand the same state on.
+            state["epoch"] = self._resume
+        elif stream is not None and not stream.complete:
+            state["epoch"] = self._epoch_state(loader, stream)
+        return state
+
+    def take_stream_skip(self, stream: int) -> int:
+        """For an IterableDataset's worker starting an epoch: batches to drop first."""
+        current = self._stream
+        return current.take_skip(stream) if isinstance(current, IterableStream) else 0
+
+    def _epoch_state(self, loader: Any, stream: EpochStream | IterableStream) -> dict[str, Any]:
+        if isinstance(stream, IterableStream):
+            return {
+                "mode": "streams",
+                "samples": False,
+                "streams": max(1, loader.num_workers),
+                "delivered_per_stream": dict(stream.delivered_per_stream),
+            }
+        epoch: dict[str, Any] = {
+            "undelivered": stream.undelivered(),
+            "pulled": stream.pulled,
+            "samples": bool(stream._samples),
+            "epoch_rng": None,
+            "sampler_name": None,
+            "sampler_state": None,
+        }
+        sampler_iter = stream.sampler_iterator
+        stateful = _stateful_sampler(loader)
+        if _has_state(sampler_iter):
+            epoch["mode"] = "iterator"
+            epoch["sampler_state"] = sampler_iter.state_dict()  # type: ignore[attr-defined]
+        elif stateful is not None:
+            # A sampler's own state tells its position in an epoch; between
+            # epochs torch's samplers start over at iter(), so none is kept.
+            epoch["mode"] = "sampler"
+            epoch["sampler_name"], sampler = stateful
+            epoch["sampler_state"] = sampler.state_dict()
+        else:
+            epoch["mode"] = "replay"
+            epoch["epoch_rng"] = self._epoch_rng
+        return epoch
+
+    def load_state_dict(self, loader: Any, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("format") != _FORMAT:
+            raise ValueError(
+                "load_state_dict expects a state from minato.DataLoader.state_dict(), "
+                f"but got {type(state).__name__}"
+                + (f" with keys {sorted(map(str, state))}" if isinstance(state, dict) else "")
+            )
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(
+                f"this state was saved by minato state format version {state.get('version')}; "
+                f"this minato reads version {STATE_VERSION}"
+            )
+        epoch = state["epoch"]
+        if epoch is not None and epoch["samples"] != _uses_sample_stream(loader):
+            kinds = {True: "reorders single samples", False: "keeps whole batches"}
+            raise ValueError(
+                f"this state was saved by a loader that {kinds[epoch['samples']]}; this "
+                f"loader {kinds[not epoch['samples']]}: build it with the same batch_size, "
+                "sampler, in_order and num_workers>0"
+            )
+        if epoch is not None and epoch["mode"] == "streams":
+            streams = max(1, loader.num_workers)
+            if loader._dataset_kind != _DatasetKind.Iterable or epoch["streams"] != streams:
+                raise ValueError(
+                    f"this state was saved by a loader of an IterableDataset with "
+                    f"{epoch['streams']} streams (num_workers, or 1 for num_workers=0); "
+                    f"this loader has {streams}: each worker's stream is resumed on its own"
+                )
+        _set_generator_states(loader, state["generators"])
+        _set_sampler_epochs(loader, state["sampler_epochs"])
+        if epoch is not None and epoch["mode"] == "sampler":
+            sampler = _samplers(loader).get(epoch["sampler_name"])
+            if not _has_state(sampler):
+                raise ValueError(
+                    f"this state holds the state of loader.{epoch['sampler_name']}, "
+                    "but this loader's has no load_state_dict"
+                )
+            sampler.load_state_dict(epoch["sampler_state"])
+        if state["dataset_state"] is not None and _has_state(loader.dataset):
+            loader.dataset.load_state_dict(state["dataset_state"])
+        self._resume = epoch
+        self._stream = None
+
+
+def _uses_sample_stream(loader: Any) -> bool:
+    """Whether the loader's iterator reorders single samples (see DataLoader._get_iterator)."""
+    return bool(loader.num_workers > 0 and loader.reorders() and loader._samples_may_move())
