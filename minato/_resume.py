@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -163,6 +164,10 @@ class EpochStream:
         self._next_tag = 0
         self.pulled = pulled
         self.exhausted = False
+        # A checkpoint may be taken from another thread (an async checkpoint
+        # callback): it must see the sampler's position and the pending
+        # indices at one moment.
+        self.lock = threading.Lock()
         # Set once the loop was told the epoch is over: only then is it complete
         # (a checkpoint after the last batch, before StopIteration, resumes an
         # empty rest of the epoch, as an uninterrupted loop would see).
@@ -189,6 +194,10 @@ class EpochStream:
 
     def next_batch(self) -> tuple[list[int], Any]:
         """The next batch to load, as (its tags, the index or list of indices)."""
+        with self.lock:
+            return self._next_batch()
+
+    def _next_batch(self) -> tuple[list[int], Any]:
         if not self._samples:
             index = self._carried.popleft() if self._carried else self._pull()
             return [self._tag(index)], index
@@ -210,8 +219,9 @@ class EpochStream:
         return [self._tag(index) for index in indices], indices
 
     def delivered(self, tags: list[int]) -> None:
-        for tag in tags:
-            self._pending.pop(tag, None)
+        with self.lock:
+            for tag in tags:
+                self._pending.pop(tag, None)
 
     def undelivered(self) -> list[Any]:
         """Indices taken from the sampler and not delivered, in the sampler's order."""
@@ -236,13 +246,15 @@ class IterableStream:
         self.delivered_per_stream: dict[int, int] = dict(delivered or {})
         self._skips = dict(self.delivered_per_stream)
         self.ended = False
+        self.lock = threading.Lock()
 
     def next_batch(self) -> tuple[list[int], Any]:
         return [], next(self._batches)
 
     def delivered(self, streams: list[int]) -> None:
-        for stream in streams:
-            self.delivered_per_stream[stream] = self.delivered_per_stream.get(stream, 0) + 1
+        with self.lock:
+            for stream in streams:
+                self.delivered_per_stream[stream] = self.delivered_per_stream.get(stream, 0) + 1
 
     def take_skip(self, stream: int) -> int:
         """Batches the stream must drop before its first one this epoch (once)."""
@@ -326,7 +338,8 @@ class LoaderProgress:
             # Loaded and not yet iterated: hand the same state on.
             state["epoch"] = self._resume
         elif stream is not None and not stream.complete:
-            state["epoch"] = self._epoch_state(loader, stream)
+            with stream.lock:
+                state["epoch"] = self._epoch_state(loader, stream)
         return state
 
     def take_stream_skip(self, stream: int) -> int:

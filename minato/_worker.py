@@ -20,6 +20,7 @@ import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import worker as _torch_worker
 
+from minato._lightning import thread_worker_init_fn
 from minato._torch_threads import set_thread_worker_info
 
 # Returned by `run` when an iterable dataset's worker has no more data.
@@ -87,22 +88,24 @@ def worker_factory(
     """
 
     def make_worker(worker_id: int) -> Callable[[int, Any], Any]:
+        rng = _thread_rng(spec.base_seed, worker_id)
         info = _torch_worker.WorkerInfo(
             id=worker_id,
             num_workers=spec.num_workers,
             seed=spec.base_seed + worker_id,
             dataset=spec.dataset,
-            rng=_thread_rng(spec.base_seed, worker_id),
+            rng=rng,
             worker_method="thread",
         )
         set_thread_worker_info(info)
+        worker_init_fn = thread_worker_init_fn(spec.worker_init_fn, spec.base_seed, rng)
         # As in torch: a failing worker_init_fn (or iter(dataset)) is
         # reported as the result of the worker's first task.
         init_error: ExceptionWrapper | None = None
         fetcher: _MapFetcher | _IterableFetcher | None = None
         try:
-            if spec.worker_init_fn is not None:
-                spec.worker_init_fn(worker_id)
+            if worker_init_fn is not None:
+                worker_init_fn(worker_id)
             fetcher = (_IterableFetcher if spec.is_iterable else _MapFetcher)(spec, worker_id)
         except Exception:
             init_error = ExceptionWrapper(where=_where(worker_id))
