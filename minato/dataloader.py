@@ -42,8 +42,9 @@ class DataLoader(torch.utils.data.DataLoader):
     """A drop-in replacement for :class:`torch.utils.data.DataLoader`.
 
     The signature, defaults, validation and attributes are torch's (2.15),
-    with one difference: ``in_order`` defaults to ``None``, which for now
-    behaves as ``True`` (torch's order exactly).
+    with one difference: ``in_order`` defaults to ``None``: batches are built
+    from whichever samples are ready first when the sampler shuffles (the
+    order is random anyway), and keep torch's order exactly otherwise.
 
     ``num_workers=0`` loads in the calling thread, exactly as torch does.
     ``num_workers=N`` runs N worker *threads* owned by minato's Rust engine;
@@ -85,6 +86,8 @@ class DataLoader(torch.utils.data.DataLoader):
     with the GIL released; the result is ``default_collate``'s.
 
     ``stats()`` tells where the time goes; ``print(loader.stats())`` shows a table.
+    ``state_dict()`` / ``load_state_dict()`` resume an interrupted epoch with
+    exactly the indices it had not delivered (Lightning saves them itself).
     """
 
     def __init__(
