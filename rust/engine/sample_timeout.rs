@@ -29,6 +29,11 @@ const TOO_MANY_SLOW: f64 = 0.4;
 const HIGH_PERCENTILE_UPDATES: u32 = 8;
 /// Recent samples over which the flagged fraction is measured.
 const FLAGGED_WINDOW: usize = 256;
+/// The estimate never goes below this. Flagging a sample costs a replacement
+/// thread and a deferral (tens of microseconds); for samples of microseconds
+/// the 75th percentile flags a quarter of them for nothing, and their times
+/// are mostly waits for the GIL, not slowness of the sample itself.
+const MIN_AUTO_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// Keeps the current timeout from the fetch times workers report.
 pub(crate) struct TimeoutEstimator {
@@ -102,7 +107,10 @@ impl TimeoutEstimator {
         } else {
             0.75
         };
-        self.current = self.times.percentile(quantile);
+        self.current = self
+            .times
+            .percentile(quantile)
+            .map(|estimate| estimate.max(MIN_AUTO_TIMEOUT));
     }
 }
 
@@ -149,6 +157,18 @@ mod tests {
         }
         let timeout = auto.current().unwrap();
         assert!(timeout >= ms(85) && timeout <= ms(90), "{timeout:?}");
+    }
+
+    #[test]
+    fn auto_never_goes_below_a_millisecond() {
+        let mut auto = TimeoutEstimator::new(SampleTimeout::Auto { warmup: 10 });
+        for _ in 0..100 {
+            auto.record(Duration::from_micros(15), 1, false);
+        }
+        assert_eq!(auto.current(), Some(MIN_AUTO_TIMEOUT));
+        // A fixed timeout is the user's: no floor.
+        let fixed = TimeoutEstimator::new(SampleTimeout::Fixed(Duration::from_micros(50)));
+        assert_eq!(fixed.current(), Some(Duration::from_micros(50)));
     }
 
     #[test]
