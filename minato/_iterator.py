@@ -138,7 +138,6 @@ class _CallingThreadDataLoaderIter(_Delivery, _SingleProcessDataLoaderIter):
 
     def _next_host_data(self) -> HostBatch:
         started = time.perf_counter()
-        iterable = isinstance(self._epoch, IterableStream)
         try:
             if self._replay_pending:
                 self._replay_stream()
@@ -148,10 +147,12 @@ class _CallingThreadDataLoaderIter(_Delivery, _SingleProcessDataLoaderIter):
             raise
         except Exception as error:
             # As torch: the batch is used up, the error raised unwrapped.
-            return ([0] if iterable else self._tags), Failure(error)
-        # Loading happens on this thread: all of it is time the loop waited.
-        self._report(self._batch_samples, time.perf_counter() - started)
-        return ([0] if iterable else self._tags), data
+            data = Failure(error)
+        else:
+            # Loading happens on this thread: all of it is time the loop waited.
+            self._report(self._batch_samples, time.perf_counter() - started)
+        # An iterable dataset's one stream (this thread's) is stream 0.
+        return ([0] if isinstance(self._epoch, IterableStream) else self._tags), data
 
 
 class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):

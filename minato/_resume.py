@@ -51,6 +51,18 @@ def _has_state(obj: object) -> bool:
     )
 
 
+def _distinct(candidates: dict[str, Any], kind: type) -> dict[str, Any]:
+    """The candidates of type `kind` (None never is one), by attribute path,
+    each object once (under the first path that reaches it)."""
+    found: dict[str, Any] = {}
+    seen: set[int] = set()
+    for name, candidate in candidates.items():
+        if candidate is not None and isinstance(candidate, kind) and id(candidate) not in seen:
+            seen.add(id(candidate))
+            found[name] = candidate
+    return found
+
+
 def _samplers(loader: Any) -> dict[str, Any]:
     """The loader's samplers by attribute path, each object once."""
     batch_sampler = loader.batch_sampler
@@ -59,13 +71,7 @@ def _samplers(loader: Any) -> dict[str, Any]:
         "batch_sampler": batch_sampler,
         "batch_sampler.sampler": getattr(batch_sampler, "sampler", None),
     }
-    found: dict[str, Any] = {}
-    seen: set[int] = set()
-    for name, sampler in candidates.items():
-        if sampler is not None and id(sampler) not in seen:
-            seen.add(id(sampler))
-            found[name] = sampler
-    return found
+    return _distinct(candidates, object)
 
 
 def _generators(loader: Any) -> dict[str, torch.Generator]:
@@ -73,13 +79,7 @@ def _generators(loader: Any) -> dict[str, torch.Generator]:
     candidates = {"generator": loader.generator}
     for name, sampler in _samplers(loader).items():
         candidates[f"{name}.generator"] = getattr(sampler, "generator", None)
-    found: dict[str, torch.Generator] = {}
-    seen: set[int] = set()
-    for name, generator in candidates.items():
-        if isinstance(generator, torch.Generator) and id(generator) not in seen:
-            seen.add(id(generator))
-            found[name] = generator
-    return found
+    return _distinct(candidates, torch.Generator)
 
 
 def _generator_states(loader: Any) -> dict[str, torch.Tensor]:
@@ -227,10 +227,6 @@ class EpochStream:
         """Indices taken from the sampler and not delivered, in the sampler's order."""
         return [*self._pending.values(), *self._carried, *self._buffer]
 
-    @property
-    def complete(self) -> bool:
-        return self.ended
-
 
 class IterableStream:
     """An IterableDataset's epoch: each stream's batches delivered so far.
@@ -259,10 +255,6 @@ class IterableStream:
     def take_skip(self, stream: int) -> int:
         """Batches the stream must drop before its first one this epoch (once)."""
         return self._skips.pop(stream, 0)
-
-    @property
-    def complete(self) -> bool:
-        return self.ended
 
 
 class LoaderProgress:
@@ -333,11 +325,11 @@ class LoaderProgress:
         }
         if _has_state(loader.dataset):
             state["dataset_state"] = loader.dataset.state_dict()
-        stream = self._stream if self._resume is None else None
+        stream = self._stream
         if self._resume is not None:
             # Loaded and not yet iterated: hand the same state on.
             state["epoch"] = self._resume
-        elif stream is not None and not stream.complete:
+        elif stream is not None and not stream.ended:
             with stream.lock:
                 state["epoch"] = self._epoch_state(loader, stream)
         return state
@@ -392,7 +384,7 @@ class LoaderProgress:
                 f"this minato reads version {STATE_VERSION}"
             )
         epoch = state["epoch"]
-        if epoch is not None and epoch["samples"] != _uses_sample_stream(loader):
+        if epoch is not None and epoch["samples"] != loader._reorders_samples():
             kinds = {True: "reorders single samples", False: "keeps whole batches"}
             raise ValueError(
                 f"this state was saved by a loader that {kinds[epoch['samples']]}; this "
@@ -421,8 +413,3 @@ class LoaderProgress:
             loader.dataset.load_state_dict(state["dataset_state"])
         self._resume = epoch
         self._stream = None
-
-
-def _uses_sample_stream(loader: Any) -> bool:
-    """Whether the loader's iterator reorders single samples (see DataLoader._get_iterator)."""
-    return bool(loader.num_workers > 0 and loader.reorders() and loader._samples_may_move())

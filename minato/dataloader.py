@@ -206,19 +206,22 @@ class DataLoader(torch.utils.data.DataLoader):
     def _get_iterator(self) -> torch.utils.data.dataloader._BaseDataLoaderIter:
         if self.num_workers == 0:
             return _CallingThreadDataLoaderIter(self)
+        if self._reorders_samples():
+            return _SampleDataLoaderIter(self)
         if not self.reorders():
             return _ThreadDataLoaderIter(self, in_order=True)
-        if self._samples_may_move():
-            return _SampleDataLoaderIter(self)
         # A user's batch_sampler decides each batch's composition, an
         # iterable dataset's workers decide theirs: only whole batches move.
         return _ThreadDataLoaderIter(self, in_order=False)
 
-    def _samples_may_move(self) -> bool:
-        """Whether a reordering iterator may move single samples between
-        batches: only where torch's batch sampler decides the batches."""
+    def _reorders_samples(self) -> bool:
+        """Whether iterating moves single samples between batches: with
+        workers, when reordering, and only where torch's batch sampler
+        decides the batches."""
         return (
-            self._auto_collation
+            self.num_workers > 0
+            and self.reorders()
+            and self._auto_collation
             and not self._batch_sampler_given
             and not isinstance(self.dataset, torch.utils.data.IterableDataset)
         )
