@@ -182,14 +182,19 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             take_stream_skip=loader._progress.take_stream_skip,
         )
 
+    def _adaptive(self, loader: DataLoader) -> bool:
+        """Whether the pool resizes: a worker dealt its own batches keeps its place."""
+        return loader.adaptive and not loader.deals_in_turn()
+
     def _starting_workers(self, loader: DataLoader) -> int:
         """num_workers, or where the adaptive controller settled last epoch."""
         learned = self._recorder.learned_workers
-        return learned if loader.adaptive and learned is not None else self._num_workers
+        adaptive = self._adaptive(loader)
+        return learned if adaptive and learned is not None else self._num_workers
 
     def _max_workers(self, loader: DataLoader) -> int | None:
         """The adaptive pool's bound, or None for a fixed pool."""
-        return loader.effective_max_workers() if loader.adaptive else None
+        return loader.effective_max_workers() if self._adaptive(loader) else None
 
     def _batches_in_flight(self, loader: DataLoader) -> int:
         return max(1, (loader.prefetch_factor or 0) * self._starting_workers(loader))
@@ -201,13 +206,12 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             EXHAUSTED,
             num_workers=self._starting_workers(loader),
             max_in_flight=self._batches_in_flight(loader),
-            # Each worker of an iterable dataset owns a stream: its pool keeps its size.
-            max_workers=None if spec.is_iterable else self._max_workers(loader),
+            max_workers=self._max_workers(loader),
             in_order=self._in_order,
-            # Each worker owns a stream of an iterable dataset, so tasks go
-            # to workers in turn, as in torch; map-style tasks go to
+            # Tasks go to workers in turn, as in torch, where the worker
+            # decides what is delivered (see deals_in_turn); otherwise to
             # whichever worker is free.
-            round_robin=spec.is_iterable,
+            round_robin=loader.deals_in_turn(),
             shutdown_grace=SHUTDOWN_GRACE_S,
         )
 

@@ -19,6 +19,8 @@ import torch
 from torch.utils.data._utils import collate as _collate
 from torch.utils.data._utils import worker as _worker
 
+from minato import _thread_random
+
 _thread = threading.local()
 
 _torch_collate_tensor_fn = _collate.collate_tensor_fn
@@ -61,7 +63,9 @@ def _collate_tensor_fn(batch, *, collate_fn_map=None):
 
 
 def install() -> None:
-    """Make get_worker_info per-thread and default_collate shm-free in threads. Idempotent."""
+    """Make get_worker_info per-thread, default_collate shm-free in threads,
+    and the process-wide random generators per worker thread. Idempotent."""
+    _thread_random.install()
     get_worker_info = _worker.get_worker_info
     if get_worker_info.__code__ is not _per_thread_get_worker_info.__code__:
         setattr(_worker, "_minato_thread_worker_info", thread_worker_info)  # noqa: B010

@@ -20,8 +20,9 @@ import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import worker as _torch_worker
 
-from minato._lightning import thread_worker_init_fn
+from minato._thread_random import ThreadGenerator, bind_thread, thread_generators
 from minato._torch_threads import set_thread_worker_info
+from minato._worker_dataset import worker_dataset
 
 # Returned by `run` when an iterable dataset's worker has no more data.
 EXHAUSTED = object()
@@ -89,24 +90,35 @@ def worker_factory(
 
     def make_worker(worker_id: int) -> Callable[[int, Any], Any]:
         rng = _thread_rng(spec.base_seed, worker_id)
+        # What a worker process would have of its own: the dataset (a copy
+        # that shares the data) and the process-wide generators, seeded as
+        # torch seeds them. Its torch generator is also thread_safe_generator().
+        dataset = worker_dataset(spec.dataset)
+        bind_thread(
+            thread_generators(
+                spec.base_seed, worker_id, rng.torch_generator, rng.random_generator
+            )
+        )
+        own_generator = ThreadGenerator(rng.torch_generator)
         info = _torch_worker.WorkerInfo(
             id=worker_id,
             num_workers=spec.num_workers,
             seed=spec.base_seed + worker_id,
-            dataset=spec.dataset,
+            dataset=dataset,
             rng=rng,
             worker_method="thread",
         )
         set_thread_worker_info(info)
-        worker_init_fn = thread_worker_init_fn(spec.worker_init_fn, spec.base_seed, rng)
         # As in torch: a failing worker_init_fn (or iter(dataset)) is
         # reported as the result of the worker's first task.
         init_error: ExceptionWrapper | None = None
         fetcher: _MapFetcher | _IterableFetcher | None = None
         try:
-            if worker_init_fn is not None:
-                worker_init_fn(worker_id)
-            fetcher = (_IterableFetcher if spec.is_iterable else _MapFetcher)(spec, worker_id)
+            with own_generator:
+                if spec.worker_init_fn is not None:
+                    spec.worker_init_fn(worker_id)
+                fetcher_type = _IterableFetcher if spec.is_iterable else _MapFetcher
+                fetcher = fetcher_type(spec, dataset, worker_id)
         except Exception:
             init_error = ExceptionWrapper(where=_where(worker_id))
 
@@ -128,7 +140,8 @@ def worker_factory(
             if error is not None:
                 return tag, error
             assert fetcher is not None
-            output = fetcher.fetch(epoch, index)
+            with own_generator:
+                output = fetcher.fetch(epoch, index)
             return output if output is EXHAUSTED else (tag, output)
 
         def run_samples(epoch: int, tagged: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
@@ -137,7 +150,8 @@ def worker_factory(
             if error is not None:
                 return [(tag, error) for tag in tags]
             assert isinstance(fetcher, _MapFetcher)
-            samples = fetcher.fetch_samples([index for _, index in tagged])
+            with own_generator:
+                samples = fetcher.fetch_samples([index for _, index in tagged])
             return list(zip(tags, samples, strict=True))
 
         return run_samples if samples else run
@@ -146,12 +160,12 @@ def worker_factory(
 
 
 class _MapFetcher:
-    def __init__(self, spec: WorkerSpec, worker_id: int) -> None:
-        self.dataset = spec.dataset
+    def __init__(self, spec: WorkerSpec, dataset: Any, worker_id: int) -> None:
+        self.dataset = dataset
         self.auto_collation = spec.auto_collation
         self.collate_fn = spec.collate_fn
         self.worker_id = worker_id
-        getitems = getattr(spec.dataset, "__getitems__", None)
+        getitems = getattr(dataset, "__getitems__", None)
         self.getitems = getitems if getitems else None
 
     def fetch(self, epoch: int, index: Any) -> Any:
@@ -198,17 +212,18 @@ class _MapFetcher:
 class _IterableFetcher:
     """A worker's own stream over an IterableDataset, restarted each epoch."""
 
-    def __init__(self, spec: WorkerSpec, worker_id: int) -> None:
+    def __init__(self, spec: WorkerSpec, dataset: Any, worker_id: int) -> None:
         self.spec = spec
+        self.dataset = dataset
         self.worker_id = worker_id
         self.epoch: int | None = None
-        self.iterator = iter(spec.dataset)
+        self.iterator = iter(dataset)
         self.ended = False
 
     def fetch(self, epoch: int, index: Any) -> Any:
         if epoch != self.epoch:
             if self.epoch is not None:
-                self.iterator, self.ended = iter(self.spec.dataset), False
+                self.iterator, self.ended = iter(self.dataset), False
             self.epoch = epoch
             # A resumed epoch: drop what this stream delivered before the checkpoint.
             for _ in range(self.spec.take_stream_skip(self.worker_id)):

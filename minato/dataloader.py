@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.utils.data
 from torch.utils.data import Dataset, Sampler
@@ -25,6 +25,8 @@ DEFAULT_TIMEOUT_WARMUP = 64
 # GIL), the controller's throughput check stops growth well below it.
 DEFAULT_MAX_WORKERS = 64
 
+_T_co = TypeVar("_T_co", covariant=True)
+
 
 def sampler_shuffles(sampler: object) -> bool:
     """Whether a sampler draws its indices in random order: torch's random
@@ -38,13 +40,15 @@ def sampler_shuffles(sampler: object) -> bool:
     return isinstance(sampler, random_samplers) or getattr(sampler, "shuffle", False) is True
 
 
-class DataLoader(torch.utils.data.DataLoader):
+class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """A drop-in replacement for :class:`torch.utils.data.DataLoader`.
 
     The signature, defaults, validation and attributes are torch's (2.15),
     with one difference: ``in_order`` defaults to ``None``: batches are built
     from whichever samples are ready first when the sampler shuffles (the
-    order is random anyway), and keep torch's order exactly otherwise.
+    order is random anyway), and keep torch's order exactly otherwise, or
+    when ``torch.are_deterministic_algorithms_enabled()`` (then batches go
+    to the workers in turn, as in torch, so seeded runs repeat exactly).
 
     ``num_workers=0`` loads in the calling thread, exactly as torch does.
     ``num_workers=N`` runs N worker *threads* owned by minato's Rust engine;
@@ -92,7 +96,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def __init__(
         self,
-        dataset: Dataset[Any],
+        dataset: Dataset[_T_co],
         batch_size: int | None = 1,
         shuffle: bool | None = None,
         sampler: Sampler[Any] | Iterable[Any] | None = None,
@@ -201,7 +205,18 @@ class DataLoader(torch.utils.data.DataLoader):
         sequential sampler often rely on the order, so it is kept)."""
         if self.in_order is not None:
             return not self.in_order
+        if torch.are_deterministic_algorithms_enabled():
+            return False
         return sampler_shuffles(self.sampler)
+
+    def deals_in_turn(self) -> bool:
+        """Whether batches go to a fixed pool of workers in turn, as torch
+        deals them: for an IterableDataset (each worker owns a stream), and
+        in deterministic mode, where which worker loads a batch decides its
+        random augmentations (each worker has its own generators)."""
+        if isinstance(self.dataset, torch.utils.data.IterableDataset):
+            return True
+        return not self.reorders() and torch.are_deterministic_algorithms_enabled()
 
     def _get_iterator(self) -> torch.utils.data.dataloader._BaseDataLoaderIter:
         if self.num_workers == 0:

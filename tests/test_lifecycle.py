@@ -26,25 +26,41 @@ import minato
 pytestmark = pytest.mark.usefixtures("no_leaked_threads")
 
 
-class Gate(RangeDataset):
-    """__getitem__ blocks until `open` is set (or 30 s), counting who is inside."""
-
-    def __init__(self, n: int = 100) -> None:
-        super().__init__(n)
-        self.open = threading.Event()
+class _GateCounts:
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.inside = 0
         self.max_inside = 0
         self.fetched = 0
 
+
+class Gate(RangeDataset):
+    """__getitem__ blocks until `open` is set (or 30 s), counting who is inside.
+
+    The counts live in one object every worker's copy of the dataset shares."""
+
+    def __init__(self, n: int = 100) -> None:
+        super().__init__(n)
+        self.open = threading.Event()
+        self.counts = _GateCounts()
+
+    @property
+    def max_inside(self) -> int:
+        return self.counts.max_inside
+
+    @property
+    def fetched(self) -> int:
+        return self.counts.fetched
+
     def __getitem__(self, i: int) -> int:
-        with self.lock:
-            self.inside += 1
-            self.max_inside = max(self.max_inside, self.inside)
+        counts = self.counts
+        with counts.lock:
+            counts.inside += 1
+            counts.max_inside = max(counts.max_inside, counts.inside)
         self.open.wait(30)
-        with self.lock:
-            self.inside -= 1
-            self.fetched += 1
+        with counts.lock:
+            counts.inside -= 1
+            counts.fetched += 1
         return i
 
 

@@ -64,15 +64,22 @@ def test_get_worker_info_is_per_thread_and_none_elsewhere() -> None:
         .item()
     )
     by_thread: dict[int, set[int]] = {}
+    copies: dict[int, set[int]] = {}
     for ident, info in dataset.seen.values():
         assert info is not None
         assert info.num_workers == 3
         assert info.worker_method == "thread"
-        assert info.dataset is dataset
+        # Each worker's own copy of the dataset, as each worker process has.
+        assert info.dataset is not dataset
+        assert type(info.dataset) is RecordingDataset
+        assert info.dataset.seen is dataset.seen  # the data is shared, not copied
         assert info.seed == base_seed + info.id
         by_thread.setdefault(ident, set()).add(info.id)
-    # One id per thread, distinct across threads.
+        copies.setdefault(ident, set()).add(id(info.dataset))
+    # One id and one dataset copy per thread, distinct across threads.
     assert all(len(ids) == 1 for ids in by_thread.values())
+    assert all(len(ids) == 1 for ids in copies.values())
+    assert len({next(iter(ids)) for ids in copies.values()}) == len(copies)
     assert len({next(iter(ids)) for ids in by_thread.values()}) == len(by_thread)
     assert tud.get_worker_info() is None
     assert torch.utils.data.dataloader.get_worker_info() is None

@@ -42,10 +42,10 @@ impl PyEngine {
             } else {
                 Order::Completion
             },
-            dispatch: if round_robin {
-                Dispatch::RoundRobin
-            } else {
-                Dispatch::Shared
+            dispatch: match (round_robin, in_order) {
+                (false, _) => Dispatch::Shared,
+                (true, true) => Dispatch::RoundRobin,
+                (true, false) => Dispatch::FairShare,
             },
             shutdown_grace: Duration::from_secs_f64(shutdown_grace.max(0.0)),
             adaptive: stats::adaptive(num_workers, max_workers),

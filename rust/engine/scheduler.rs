@@ -80,7 +80,7 @@ impl<W: WorkerHooks> Engine<W> {
 
     /// Whether `submit` would accept a task now.
     pub fn can_submit(&self) -> bool {
-        !self.workers.is_shut_down() && self.pending() < self.bound
+        self.workers.can_send() && self.pending() < self.bound
     }
 
     #[cfg(test)]

@@ -163,7 +163,13 @@ impl<W: WorkerHooks> Workers<W> {
             RecvTimeoutError::Disconnected => EngineError::WorkersGone,
         })?;
         self.unreceived -= 1;
+        self.dispatcher.received(done.worker);
         Ok(done)
+    }
+
+    /// Whether a task sent now would find a worker (see [`Dispatcher::can_send`]).
+    pub fn can_send(&self) -> bool {
+        !self.shut_down && self.dispatcher.can_send()
     }
 
     /// Stops giving `worker` tasks until the next epoch (round-robin dispatch).

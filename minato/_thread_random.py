@@ -1,0 +1,387 @@
+"""Process-wide random generators, made per worker thread.
+
+A torch worker *process* has its own ``random``, numpy and torch global
+generators: torch seeds them with the worker's seed, and whatever the dataset
+or ``worker_init_fn`` does with them (torch's ``seed_worker`` recipe, a
+``torch.manual_seed`` call, ``random.random()`` in an augmentation) stays in
+that worker. Threads share one set with each other and with the training loop.
+This module gives each minato worker thread its own, seeded as torch seeds a
+worker process's, so the same program computes the same kind of data:
+
+- ``random``: the module's functions (``random.random``, ``random.seed``, ...)
+  are bound methods of one hidden ``random.Random``; they are replaced by
+  functions that use the calling worker thread's ``random.Random`` and the
+  hidden one everywhere else.
+- numpy's legacy ``numpy.random.*`` functions, likewise, with a per-thread
+  ``RandomState``.
+- torch: ``torch.initial_seed``, ``manual_seed``, ``seed``, ``get_rng_state``
+  and ``set_rng_state`` use the thread's ``torch.Generator`` (the one
+  ``torch.thread_safe_generator()`` returns) in a worker thread; their code is
+  swapped in place, so every alias of them changes too. torch's default CPU
+  generator itself is one C++ object: a worker thread's random functions
+  (``torch.rand``, ``Tensor.uniform_``, ...) get the thread's generator
+  through a thread-local ``TorchFunctionMode`` (:class:`ThreadGenerator`),
+  active only while a worker runs the dataset's code. The few random
+  functions that take no generator (dropout and rrelu) cannot be redirected:
+  the first use in a worker warns once.
+
+Outside worker threads every function behaves exactly as before. Names bound
+before minato was imported (``from random import shuffle``) keep the shared
+generator.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.random
+from torch.overrides import TorchFunctionMode
+
+_thread = threading.local()
+
+
+class ThreadGenerators:
+    """One worker thread's stand-ins for the process-wide generators."""
+
+    def __init__(self, random_generator: random.Random, numpy_state: Any, torch_generator: Any):
+        self.random = random_generator
+        self.numpy = numpy_state  # a numpy.random.RandomState, or None without numpy
+        self.torch = torch_generator
+
+
+def bind_thread(generators: ThreadGenerators | None) -> None:
+    """Make the calling thread's process-wide generators `generators` (None: the shared ones)."""
+    _thread.generators = generators
+
+
+def _thread_generators() -> ThreadGenerators | None:
+    return getattr(_thread, "generators", None)
+
+
+def _thread_torch_generator() -> Any:
+    generators = getattr(_thread, "generators", None)
+    return None if generators is None else generators.torch
+
+
+# ---------------------------------------------------------------- random and numpy
+
+
+def _dispatching(
+    shared_method: Callable[..., Any], name: str, pick: Callable[[ThreadGenerators], Any]
+) -> Any:
+    """`shared_method`, or in a worker thread the method `name` of the thread's own generator."""
+
+    def method(*args: Any, **kwargs: Any) -> Any:
+        generators = getattr(_thread, "generators", None)
+        if generators is None:
+            return shared_method(*args, **kwargs)
+        return getattr(pick(generators), name)(*args, **kwargs)
+
+    method.__name__ = name
+    method.__qualname__ = name
+    method.__doc__ = shared_method.__doc__
+    method.__wrapped__ = shared_method  # type: ignore[attr-defined]
+    method._minato_dispatching = True  # type: ignore[attr-defined]
+    return method
+
+
+def _patch_module_functions(
+    modules: list[types.ModuleType],
+    shared: Any,
+    pick: Callable[[ThreadGenerators], Any],
+    aliases: dict[str, str] | None = None,
+) -> None:
+    """Replace each module attribute that is a bound method of `shared`, and
+    each function named in `aliases` (module function -> the method it calls)."""
+    aliases = aliases or {}
+    for module in modules:
+        for name, value in list(vars(module).items()):
+            if getattr(value, "_minato_dispatching", False):
+                continue
+            if getattr(value, "__self__", None) is shared and callable(value):
+                setattr(module, name, _dispatching(value, name, pick))
+            elif name in aliases and callable(value):
+                setattr(module, name, _dispatching(value, aliases[name], pick))
+
+
+def _install_random() -> None:
+    shared = getattr(random, "_inst", None)
+    if not isinstance(shared, random.Random):
+        _cannot_isolate("the random module (random._inst is gone)")
+        return
+    _patch_module_functions([random], shared, lambda generators: generators.random)
+
+
+def _install_numpy() -> None:
+    try:
+        import numpy.random
+        import numpy.random.mtrand
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        return
+    shared = getattr(numpy.random.mtrand, "_rand", None)
+    if not isinstance(shared, numpy.random.RandomState):
+        _cannot_isolate("numpy.random's legacy functions (numpy.random.mtrand._rand is gone)")
+        return
+
+    def pick(generators: ThreadGenerators) -> Any:
+        return shared if generators.numpy is None else generators.numpy
+
+    # Module functions of numpy's, not bound methods, that act on the shared state.
+    aliases = {"seed": "seed", "sample": "random_sample", "ranf": "random_sample"}
+    _patch_module_functions([numpy.random, numpy.random.mtrand], shared, pick, aliases)
+
+
+# ---------------------------------------------------------------- torch's seeding functions
+#
+# Compiled here, run with torch.random's globals (`default_generator`,
+# `_manual_seed_impl`, and the hook installed as `_minato_thread_generator`).
+# ruff: noqa: F821
+
+
+def _per_thread_initial_seed() -> int:  # pragma: no cover - runs as torch's code
+    generator = _minato_thread_generator()
+    if generator is not None:
+        return generator.initial_seed()
+    return default_generator.initial_seed()
+
+
+def _per_thread_manual_seed(seed):  # pragma: no cover - runs as torch's code
+    generator = _minato_thread_generator()
+    if generator is not None:
+        # A worker process's own generators only; the training loop's CUDA
+        # generators are not the worker's to reseed.
+        return generator.manual_seed(int(seed))
+    return _manual_seed_impl(seed)
+
+
+def _per_thread_seed() -> int:  # pragma: no cover - runs as torch's code
+    generator = _minato_thread_generator()
+    if generator is not None:
+        return generator.seed()
+    seed = default_generator.seed()
+    import torch.cuda
+
+    if not torch.cuda._is_in_bad_fork():
+        torch.cuda.manual_seed_all(seed)
+
+    import torch.mps
+
+    if not torch.mps._is_in_bad_fork():
+        torch.mps.manual_seed(seed)
+
+    import torch.xpu
+
+    if not torch.xpu._is_in_bad_fork():
+        torch.xpu.manual_seed_all(seed)
+
+    import torch.mtia
+
+    if not torch.mtia._is_in_bad_fork():
+        torch.mtia.manual_seed_all(seed)
+
+    _seed_custom_device(seed)
+
+    return seed
+
+
+def _per_thread_get_rng_state():  # pragma: no cover - runs as torch's code
+    generator = _minato_thread_generator()
+    if generator is not None:
+        return generator.get_state()
+    return default_generator.get_state()
+
+
+def _per_thread_set_rng_state(new_state):  # pragma: no cover - runs as torch's code
+    generator = _minato_thread_generator()
+    if generator is not None:
+        generator.set_state(new_state)
+        return
+    default_generator.set_state(new_state)
+
+
+# name: (replacement, the global names torch's own code uses). A torch whose
+# function uses other names has changed it: it is left alone, and said so.
+_TORCH_SEEDING = {
+    "initial_seed": (_per_thread_initial_seed, {"default_generator", "initial_seed"}),
+    "manual_seed": (_per_thread_manual_seed, {"_manual_seed_impl"}),
+    "get_rng_state": (_per_thread_get_rng_state, {"default_generator", "get_state"}),
+    "set_rng_state": (_per_thread_set_rng_state, {"default_generator", "set_state"}),
+    # Its body is torch's own, copied, after the thread check.
+    "seed": (
+        _per_thread_seed,
+        set(_per_thread_seed.__code__.co_names) - {"_minato_thread_generator"},
+    ),
+}
+
+
+def _install_torch_seeding() -> None:
+    module_globals = vars(torch.random)
+    module_globals["_minato_thread_generator"] = _thread_torch_generator
+    for name, (replacement, torch_names) in _TORCH_SEEDING.items():
+        function = module_globals.get(name)
+        code = getattr(function, "__code__", None)
+        if code is None:
+            _cannot_isolate(f"torch.{name} (not found in torch.random)")
+            continue
+        if code is replacement.__code__:
+            continue  # installed already
+        if set(code.co_names) != torch_names or code.co_freevars:
+            _cannot_isolate(f"torch.{name} (this torch's version of it is not the one minato knows)")
+            continue
+        # Swapping the code keeps the function object: torch.manual_seed,
+        # torch.random.manual_seed and names users imported all change.
+        function.__code__ = replacement.__code__
+
+
+# ---------------------------------------------------------------- torch's random functions
+
+
+def _random_functions() -> frozenset[Any]:
+    """torch's functions and Tensor methods that draw from a generator they accept."""
+    torch_names = [
+        "rand",
+        "randn",
+        "randint",
+        "randperm",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "normal",
+        "bernoulli",
+        "multinomial",
+        "poisson",
+        "binomial",
+        "_standard_gamma",
+        "_sample_dirichlet",
+    ]
+    tensor_names = [
+        "uniform_",
+        "normal_",
+        "random_",
+        "exponential_",
+        "cauchy_",
+        "log_normal_",
+        "geometric_",
+        "bernoulli_",
+        "bernoulli",
+        "multinomial",
+    ]
+    found = [getattr(torch, name, None) for name in torch_names]
+    found += [getattr(torch.Tensor, name, None) for name in tensor_names]
+    return frozenset(f for f in found if f is not None and "generator" in (f.__doc__ or ""))
+
+
+def _unredirectable_functions() -> dict[Any, str]:
+    """Random functions that take no generator: they draw from the shared one."""
+    import torch.nn.functional as F
+
+    names = {
+        F.dropout: "torch.nn.functional.dropout",
+        F.dropout1d: "torch.nn.functional.dropout1d",
+        F.dropout2d: "torch.nn.functional.dropout2d",
+        F.dropout3d: "torch.nn.functional.dropout3d",
+        F.alpha_dropout: "torch.nn.functional.alpha_dropout",
+        F.feature_alpha_dropout: "torch.nn.functional.feature_alpha_dropout",
+        F.rrelu: "torch.nn.functional.rrelu",
+        torch.dropout: "torch.dropout",
+        torch.rrelu: "torch.rrelu",
+    }
+    return {function: name for function, name in names.items() if function is not None}
+
+
+_RANDOM_FUNCTIONS: frozenset[Any] = frozenset()
+_UNREDIRECTABLE: dict[Any, str] = {}
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(key: str, message: str) -> None:
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def _cannot_isolate(what: str) -> None:
+    _warn_once(
+        what,
+        f"minato: {what}: worker threads share it with each other and with the "
+        "training loop, where torch's worker processes each have their own.",
+    )
+
+
+def _on_cpu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a call makes or fills CPU tensors only (the thread's generator is a CPU one)."""
+    device = kwargs.get("device")
+    if device is not None:
+        return torch.device(device).type == "cpu"
+    for value in args:
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            return False
+    return torch.get_default_device().type == "cpu"
+
+
+class ThreadGenerator(TorchFunctionMode):
+    """While active on a worker thread: torch's random functions called
+    without a generator use the thread's own, as torch's default generator
+    would be that worker process's own."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        super().__init__()
+        self.generator = generator
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        if func in _RANDOM_FUNCTIONS:
+            if kwargs.get("generator") is None and _on_cpu(args, kwargs):
+                kwargs["generator"] = self.generator
+        elif func in _UNREDIRECTABLE:
+            name = _UNREDIRECTABLE[func]
+            _warn_once(
+                name,
+                f"minato: {name} in a worker thread draws from torch's global "
+                "generator, which worker threads share with the training loop "
+                "(a worker process would have its own). Pass "
+                "generator=torch.thread_safe_generator() to a function that takes one "
+                "(e.g. torch.rand(...) < p instead of dropout), or draw in the training loop.",
+            )
+        return func(*args, **kwargs)
+
+
+def thread_generators(base_seed: int, worker_id: int, torch_generator: Any, random_generator: Any):
+    """The generators a worker process would have, for worker `worker_id`: torch's
+    ``random.seed(seed)``, ``torch.manual_seed(seed)`` and numpy's legacy seed."""
+    numpy_state = None
+    try:
+        import numpy as np
+        from torch.utils.data._utils.worker import _generate_state
+
+        numpy_state = np.random.RandomState(_generate_state(base_seed, worker_id))
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    return ThreadGenerators(random_generator, numpy_state, torch_generator)
+
+
+_installed = False
+_install_lock = threading.Lock()
+
+
+def install() -> None:
+    """Make the process-wide generators per worker thread. Idempotent."""
+    global _installed, _RANDOM_FUNCTIONS, _UNREDIRECTABLE
+    with _install_lock:
+        if _installed:
+            return
+        _installed = True
+        _RANDOM_FUNCTIONS = _random_functions()
+        _UNREDIRECTABLE = _unredirectable_functions()
+        _install_random()
+        _install_numpy()
+        _install_torch_seeding()
