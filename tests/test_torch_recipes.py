@@ -36,6 +36,12 @@ LOADERS = [
 ]
 
 
+def fixed_pool(loader_type: Any) -> dict[str, Any]:
+    """Options for comparing worker ids with torch: minato's adaptive pool
+    would add threads (with new ids) on a loop waiting for data."""
+    return {"adaptive": False} if loader_type is minato.DataLoader else {}
+
+
 def as_ints(batches: Any) -> list[int]:
     out: list[int] = []
     for batch in batches:
@@ -170,8 +176,9 @@ def test_a_lazily_opened_handle_is_per_worker(
 ) -> None:
     rows = SqliteRows(database, 64)
     dataset, expected = wrapped(kind, rows)
-    options = {"adaptive": False} if loader_type is minato.DataLoader else {}
-    loader = loader_type(dataset, batch_size=4, shuffle=True, num_workers=3, **options)
+    loader = loader_type(
+        dataset, batch_size=4, shuffle=True, num_workers=3, **fixed_pool(loader_type)
+    )
     for _ in range(2):
         rows.opened.clear()
         # A connection used from another thread than its creator's raises.
@@ -225,8 +232,13 @@ def run_seeded(loader_type: Any, epochs: int, **options: Any) -> tuple[list[list
     numpy.random.seed(1)
     torch.manual_seed(1)
     loader = loader_type(
-        Augmenting(), batch_size=None, num_workers=2, worker_init_fn=seed_worker, generator=g,
+        Augmenting(),
+        batch_size=None,
+        num_workers=2,
+        worker_init_fn=seed_worker,
+        generator=g,
         **options,
+        **fixed_pool(loader_type),
     )
     runs = [list(loader) for _ in range(epochs)]
     after = loop_draws()
@@ -320,6 +332,7 @@ def test_worker_init_fn_reseeding_stays_in_the_worker(loader_type: Any) -> None:
         num_workers=2,
         worker_init_fn=reseeding_init_fn,
         generator=torch.Generator().manual_seed(0),  # the base seed is not drawn from the loop's
+        **fixed_pool(loader_type),
     )
     samples = list(loader)
     assert torch.initial_seed() == initial == 7

@@ -1,0 +1,324 @@
+"""What each worker thread has of its own, as a worker process would: its
+dataset copy and its process-wide generators (minato/_worker_dataset.py,
+minato/_thread_random.py), and the scheduling that keeps one stuck stream
+from starving the others."""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+import random
+import threading
+import warnings
+from collections import Counter
+from typing import Any
+
+import numpy
+import pytest
+import torch
+import torch.nn.functional as F
+import torch.utils.data as tud
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import minato
+from minato import _thread_random
+from minato._worker_dataset import worker_dataset
+
+pytestmark = pytest.mark.timeout(60)
+
+ATTRIBUTES = ("a", "b", "c")
+
+
+class Writing(tud.Dataset):
+    """Item i sets the attributes `writes[i]` names on the dataset it runs on,
+    after logging what that object's attributes were."""
+
+    def __init__(self, writes: list[list[tuple[str, int]]]) -> None:
+        self.writes = writes
+        self.a = self.b = self.c = -1
+        self.log: list[tuple[int, int, dict[str, int], list[tuple[str, int]]]] = []
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.writes)
+
+    def __getitem__(self, i: int) -> int:
+        seen = {name: getattr(self, name) for name in ATTRIBUTES}
+        for name, value in self.writes[i]:
+            setattr(self, name, value)
+        with self.lock:
+            self.log.append((id(self), i, seen, self.writes[i]))
+        return i
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    writes=st.lists(
+        st.lists(st.tuples(st.sampled_from(ATTRIBUTES), st.integers(0, 1000)), max_size=3),
+        min_size=1,
+        max_size=40,
+    ),
+    workers=st.integers(1, 4),
+    batch_size=st.integers(1, 5),
+    shuffle=st.booleans(),
+    persistent=st.booleans(),
+)
+def test_worker_writes_stay_in_their_own_copy(
+    writes: list[list[tuple[str, int]]],
+    workers: int,
+    batch_size: int,
+    shuffle: bool,
+    persistent: bool,
+) -> None:
+    dataset = Writing(writes)
+    loader = minato.DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        num_workers=workers,
+        persistent_workers=persistent,
+        generator=torch.Generator().manual_seed(len(writes)),
+        adaptive=False,  # no retired thread's copy whose id a new one could reuse
+    )
+    state: dict[int, dict[str, int]] = {}
+    for _ in range(2):
+        dataset.log.clear()
+        if not persistent:
+            state.clear()  # new workers, new copies
+        delivered = [int(i) for batch in loader for i in batch]
+        # Every index exactly once.
+        assert Counter(delivered) == Counter(range(len(writes)))
+        # The caller's dataset never changes.
+        assert (dataset.a, dataset.b, dataset.c) == (-1, -1, -1)
+        # Each copy sees its own writes only: replaying each copy's log in
+        # its order, what it read is what it last wrote itself (a persistent
+        # worker's copy keeps its writes from one epoch to the next).
+        for copy_id, _, seen, written in dataset.log:
+            assert copy_id != id(dataset)
+            expected = state.setdefault(copy_id, dict.fromkeys(ATTRIBUTES, -1))
+            assert seen == expected
+            expected.update(written)
+
+
+# ---------------------------------------------------------------- the copies
+
+
+class Holder(tud.Dataset):
+    def __init__(self, inner: tud.Dataset) -> None:
+        self.inner = inner
+        self.paths = [f"/data/{i}.jpg" for i in range(1000)]
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.inner[i]
+
+
+class Leaf(tud.Dataset):
+    def __init__(self) -> None:
+        self.handle: object | None = None
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def test_copies_share_the_data_and_copy_wrapped_datasets() -> None:
+    leaf = Leaf()
+    concat = tud.ConcatDataset([tud.Subset(leaf, [0, 1]), leaf])
+    outer = Holder(concat)
+    copied = worker_dataset(outer)
+    assert copied is not outer and copied.paths is outer.paths
+    assert copied.inner is not concat
+    subset, second = copied.inner.datasets
+    assert subset is not concat.datasets[0] and subset.indices is concat.datasets[0].indices
+    # One copy of a dataset referenced twice, as one object in a process.
+    assert subset.dataset is second and second is not leaf
+    assert copied.inner.cumulative_sizes is concat.cumulative_sizes
+
+
+def test_plain_containers_and_tensors_are_used_as_they_are() -> None:
+    for data in ([1, 2], (1, 2), torch.arange(3), numpy.arange(3), range(3)):
+        assert worker_dataset(data) is data
+
+
+def test_a_dataset_that_cannot_be_copied_is_shared_with_one_warning() -> None:
+    class Uncopyable(tud.Dataset):
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int) -> int:
+            return i
+
+        def __copy__(self) -> Uncopyable:
+            raise TypeError("cannot copy a live stream")
+
+    dataset = Uncopyable()
+    with pytest.warns(UserWarning, match=r"Uncopyable\) cannot be copied .*live stream") as caught:
+        assert sorted(int(i) for i in minato.DataLoader(dataset, num_workers=2)) == list(range(8))
+        assert sorted(int(i) for i in minato.DataLoader(dataset, num_workers=2)) == list(range(8))
+    assert len([w for w in caught if "cannot be copied" in str(w.message)]) == 1
+
+
+def test_getstate_decides_what_a_copy_holds() -> None:
+    """A dataset written for worker processes drops its handle in __getstate__;
+    each worker's copy then opens its own."""
+
+    class DropsHandle(Leaf):
+        def __getstate__(self) -> dict[str, Any]:
+            return {**self.__dict__, "handle": None}
+
+    dataset = DropsHandle()
+    dataset.handle = object()
+    assert worker_dataset(dataset).handle is None
+    assert copy.copy(dataset).handle is None
+
+
+def test_persistent_workers_keep_their_copy_across_epochs() -> None:
+    class Counting(tud.Dataset):
+        def __init__(self) -> None:
+            self.calls = 0
+            self.seen: list[int] = []
+
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int) -> int:
+            self.calls += 1
+            self.seen.append(self.calls)
+            return i
+
+    dataset = Counting()
+    loader = minato.DataLoader(dataset, num_workers=1, persistent_workers=True, adaptive=False)
+    list(loader)
+    list(loader)
+    # One copy, counting on over both epochs; the caller's count untouched.
+    assert dataset.seen == list(range(1, 17))
+    assert dataset.calls == 0
+
+
+# ---------------------------------------------------------------- the generators
+
+
+def test_thread_safe_generator_is_the_workers_global_torch_generator() -> None:
+    class Draws(tud.Dataset):
+        def __len__(self) -> int:
+            return 6
+
+        def __getitem__(self, i: int) -> tuple[float, float]:
+            generator = torch.thread_safe_generator()
+            assert generator is tud.get_worker_info().rng.torch_generator
+            state = generator.get_state()
+            implicit = float(torch.rand(()))
+            generator.set_state(state)
+            return implicit, float(torch.rand((), generator=generator))
+
+    for implicit, explicit in minato.DataLoader(Draws(), batch_size=None, num_workers=2):
+        assert implicit == explicit
+
+
+def test_legacy_numpy_and_random_functions_are_per_thread() -> None:
+    class Seeds(tud.Dataset):
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int) -> list[float]:
+            numpy.random.seed(i)
+            random.seed(i)
+            torch.manual_seed(i)
+            return [
+                float(numpy.random.random_sample()),
+                float(numpy.random.mtrand.rand()),
+                float(numpy.random.ranf()),
+                random.random(),
+                float(torch.rand(())),
+                torch.initial_seed(),
+            ]
+
+    numpy.random.seed(0)
+    random.seed(0)
+    torch.manual_seed(0)
+    loaded = list(minato.DataLoader(Seeds(), batch_size=None, num_workers=2))
+    for i, values in enumerate(loaded):
+        reference = numpy.random.RandomState(i)
+        assert values[:3] == [reference.random_sample() for _ in range(3)]
+        assert values[3] == random.Random(i).random()
+        assert values[4] == float(torch.rand((), generator=torch.Generator().manual_seed(i)))
+        assert values[5] == i
+    # The loop's generators were not reseeded.
+    assert torch.initial_seed() == 0
+
+
+def test_a_random_function_without_a_generator_warns_once() -> None:
+    class Drops(tud.Dataset):
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return F.dropout(torch.ones(4), p=0.5)
+
+    _thread_random._warned.discard("torch.nn.functional.dropout")  # as in a new process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(minato.DataLoader(Drops(), batch_size=2, num_workers=2))
+        list(minato.DataLoader(Drops(), batch_size=2, num_workers=2))
+    messages = [str(w.message) for w in caught if "dropout" in str(w.message)]
+    assert len(messages) == 1
+    assert "generator=torch.thread_safe_generator()" in messages[0]
+    # In the loop itself nothing is said.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        F.dropout(torch.ones(4), p=0.5)
+    assert not caught
+
+
+def test_generators_outside_workers_are_the_shared_ones() -> None:
+    torch.manual_seed(3)
+    random.seed(3)
+    numpy.random.seed(3)
+    values = (float(torch.rand(())), random.random(), float(numpy.random.rand()))
+    torch.manual_seed(3)
+    assert torch.initial_seed() == 3
+    assert float(torch.rand(())) == values[0]
+    assert random.Random(3).random() == values[1]
+    assert numpy.random.RandomState(3).rand() == values[2]
+
+
+# ---------------------------------------------------------------- iterable streams
+
+
+class OneStuckStream(tud.IterableDataset):
+    """Worker 0's stream waits until the consumer has all of worker 1's."""
+
+    def __init__(self, release: Any) -> None:
+        self.release = release
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        if info.id == 0:
+            self.release.wait(20)
+            yield from range(1000, 1004)
+        else:
+            yield from range(40)
+
+
+@pytest.mark.parametrize("loader_type", [tud.DataLoader, minato.DataLoader], ids=["torch", "minato"])
+def test_a_stuck_stream_does_not_starve_the_others(loader_type: Any) -> None:
+    release = multiprocessing.get_context("fork").Event()
+    loader = loader_type(
+        OneStuckStream(release), batch_size=None, num_workers=2, in_order=False
+    )
+    fast_before_release = 0
+    items = []
+    for item in loader:
+        items.append(int(item))
+        if int(item) < 1000 and not release.is_set():
+            fast_before_release += 1
+            if fast_before_release == 40:
+                release.set()
+    assert fast_before_release == 40
+    assert sorted(items) == list(range(40)) + list(range(1000, 1004))
