@@ -95,9 +95,7 @@ def worker_factory(
         # torch seeds them. Its torch generator is also thread_safe_generator().
         dataset = worker_dataset(spec.dataset)
         bind_thread(
-            thread_generators(
-                spec.base_seed, worker_id, rng.torch_generator, rng.random_generator
-            )
+            thread_generators(spec.base_seed, worker_id, rng.torch_generator, rng.random_generator)
         )
         own_generator = ThreadGenerator(rng.torch_generator)
         info = _torch_worker.WorkerInfo(

@@ -306,12 +306,12 @@ class OneStuckStream(tud.IterableDataset):
             yield from range(40)
 
 
-@pytest.mark.parametrize("loader_type", [tud.DataLoader, minato.DataLoader], ids=["torch", "minato"])
+@pytest.mark.parametrize(
+    "loader_type", [tud.DataLoader, minato.DataLoader], ids=["torch", "minato"]
+)
 def test_a_stuck_stream_does_not_starve_the_others(loader_type: Any) -> None:
     release = multiprocessing.get_context("fork").Event()
-    loader = loader_type(
-        OneStuckStream(release), batch_size=None, num_workers=2, in_order=False
-    )
+    loader = loader_type(OneStuckStream(release), batch_size=None, num_workers=2, in_order=False)
     fast_before_release = 0
     items = []
     for item in loader:

@@ -85,9 +85,7 @@ def shard_in_worker_init_fn(worker_id: int) -> None:
     dataset = worker_info.dataset  # the dataset copy in this worker process
     overall_start = dataset.start
     overall_end = dataset.end
-    per_worker = int(
-        math.ceil((overall_end - overall_start) / float(worker_info.num_workers))
-    )
+    per_worker = int(math.ceil((overall_end - overall_start) / float(worker_info.num_workers)))
     worker_id = worker_info.id
     dataset.start = overall_start + worker_id * per_worker
     dataset.end = min(dataset.start + per_worker, overall_end)
@@ -171,9 +169,7 @@ def wrapped(kind: str, dataset: tud.Dataset) -> tuple[tud.Dataset, list[int]]:
 
 @pytest.mark.parametrize("kind", ["plain", "subset", "random_split", "concat"])
 @pytest.mark.parametrize("loader_type", LOADERS)
-def test_a_lazily_opened_handle_is_per_worker(
-    database: Path, loader_type: Any, kind: str
-) -> None:
+def test_a_lazily_opened_handle_is_per_worker(database: Path, loader_type: Any, kind: str) -> None:
     rows = SqliteRows(database, 64)
     dataset, expected = wrapped(kind, rows)
     loader = loader_type(
@@ -373,7 +369,10 @@ def test_deterministic_mode_repeats_torch_exactly(deterministic: None) -> None:
 def test_deterministic_mode_keeps_the_order_of_a_shuffled_loader(deterministic: None) -> None:
     def order(loader_type: Any) -> list[int]:
         loader = loader_type(
-            range(64), batch_size=4, shuffle=True, num_workers=3,
+            range(64),
+            batch_size=4,
+            shuffle=True,
+            num_workers=3,
             generator=torch.Generator().manual_seed(3),
         )
         return as_ints(loader)
