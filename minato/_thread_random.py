@@ -142,8 +142,9 @@ def _install_numpy() -> None:
 
 # ---------------------------------------------------------------- torch's seeding functions
 #
-# Compiled here, run with torch.random's globals (`default_generator`,
-# `_manual_seed_impl`, and the hook installed as `_minato_thread_generator`).
+# Compiled here, run with torch.random's globals: the hook installed there
+# as `_minato_thread_generator`, and torch's own function, kept as
+# `_minato_torch_<name>`, for every other thread.
 # ruff: noqa: F821
 
 
@@ -151,92 +152,69 @@ def _per_thread_initial_seed() -> int:  # pragma: no cover - runs as torch's cod
     generator = _minato_thread_generator()
     if generator is not None:
         return generator.initial_seed()
-    return default_generator.initial_seed()
+    return _minato_torch_initial_seed()
 
 
 def _per_thread_manual_seed(seed):  # pragma: no cover - runs as torch's code
     generator = _minato_thread_generator()
     if generator is not None:
-        # A worker process's own generators only; the training loop's CUDA
+        # The worker's own generator only: the training loop's CUDA
         # generators are not the worker's to reseed.
         return generator.manual_seed(int(seed))
-    return _manual_seed_impl(seed)
+    return _minato_torch_manual_seed(seed)
 
 
 def _per_thread_seed() -> int:  # pragma: no cover - runs as torch's code
     generator = _minato_thread_generator()
     if generator is not None:
         return generator.seed()
-    seed = default_generator.seed()
-    import torch.cuda
-
-    if not torch.cuda._is_in_bad_fork():
-        torch.cuda.manual_seed_all(seed)
-
-    import torch.mps
-
-    if not torch.mps._is_in_bad_fork():
-        torch.mps.manual_seed(seed)
-
-    import torch.xpu
-
-    if not torch.xpu._is_in_bad_fork():
-        torch.xpu.manual_seed_all(seed)
-
-    import torch.mtia
-
-    if not torch.mtia._is_in_bad_fork():
-        torch.mtia.manual_seed_all(seed)
-
-    _seed_custom_device(seed)
-
-    return seed
+    return _minato_torch_seed()
 
 
 def _per_thread_get_rng_state():  # pragma: no cover - runs as torch's code
     generator = _minato_thread_generator()
     if generator is not None:
         return generator.get_state()
-    return default_generator.get_state()
+    return _minato_torch_get_rng_state()
 
 
 def _per_thread_set_rng_state(new_state):  # pragma: no cover - runs as torch's code
     generator = _minato_thread_generator()
     if generator is not None:
-        generator.set_state(new_state)
-        return
-    default_generator.set_state(new_state)
+        return generator.set_state(new_state)
+    return _minato_torch_set_rng_state(new_state)
 
 
-# name: (replacement, the global names torch's own code uses). A torch whose
-# function uses other names has changed it: it is left alone, and said so.
 _TORCH_SEEDING = {
-    "initial_seed": (_per_thread_initial_seed, {"default_generator", "initial_seed"}),
-    "manual_seed": (_per_thread_manual_seed, {"_manual_seed_impl"}),
-    "get_rng_state": (_per_thread_get_rng_state, {"default_generator", "get_state"}),
-    "set_rng_state": (_per_thread_set_rng_state, {"default_generator", "set_state"}),
-    # Its body is torch's own, copied, after the thread check.
-    "seed": (
-        _per_thread_seed,
-        set(_per_thread_seed.__code__.co_names) - {"_minato_thread_generator"},
-    ),
+    "initial_seed": _per_thread_initial_seed,
+    "manual_seed": _per_thread_manual_seed,
+    "seed": _per_thread_seed,
+    "get_rng_state": _per_thread_get_rng_state,
+    "set_rng_state": _per_thread_set_rng_state,
 }
+# What torch's versions act on: a torch whose function no longer uses the
+# default generator this way has changed it, and it is left alone, said so.
+_TORCH_DEFAULT_GENERATOR_NAMES = {"default_generator", "_manual_seed_impl"}
 
 
 def _install_torch_seeding() -> None:
     module_globals = vars(torch.random)
     module_globals["_minato_thread_generator"] = _thread_torch_generator
-    for name, (replacement, torch_names) in _TORCH_SEEDING.items():
+    for name, replacement in _TORCH_SEEDING.items():
         function = module_globals.get(name)
         code = getattr(function, "__code__", None)
-        if code is None:
+        if not isinstance(function, types.FunctionType) or code is None:
             _cannot_isolate(f"torch.{name} (not found in torch.random)")
             continue
         if code is replacement.__code__:
             continue  # installed already
-        if set(code.co_names) != torch_names or code.co_freevars:
+        if not _TORCH_DEFAULT_GENERATOR_NAMES & set(code.co_names) or code.co_freevars:
             _cannot_isolate(f"torch.{name} (this torch's version is not the one minato knows)")
             continue
+        # torch's own code, as a function of its own, for the other threads.
+        module_globals[f"_minato_torch_{name}"] = types.FunctionType(
+            code, module_globals, name, function.__defaults__
+        )
         # Swapping the code keeps the function object: torch.manual_seed,
         # torch.random.manual_seed and names users imported all change.
         function.__code__ = replacement.__code__

@@ -53,13 +53,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     ``num_workers=0`` loads in the calling thread, exactly as torch does.
     ``num_workers=N`` runs N worker *threads* owned by minato's Rust engine;
     no subprocess is started, so ``multiprocessing_context`` is validated as
-    torch does but otherwise unused. In a worker thread, ``get_worker_info()``
-    returns that thread's own ``WorkerInfo`` (``worker_method="thread"``), with
-    ``seed = base_seed + id`` and per-thread generators in ``rng`` (which
-    ``torch.thread_safe_generator()`` returns); the process-wide ``random``,
-    ``torch`` and numpy generators are left alone, since threads share them
-    with the training loop. ``WorkerInfo.dataset`` is the dataset itself, not
-    a copy. Exceptions from a worker read ``Caught {Type} in DataLoader worker
+    torch does but otherwise unused. Each worker thread has what a worker
+    process would have of its own: a copy of the dataset that shares its
+    data (``WorkerInfo.dataset``, what ``__getitem__``/``__iter__`` run on),
+    and the process-wide ``random``, numpy (legacy) and torch generators,
+    seeded as torch seeds them (there, ``torch.initial_seed()`` is
+    ``base_seed + id`` and ``torch.thread_safe_generator()`` the torch one);
+    the training loop's generators are never touched. ``get_worker_info()``
+    returns the thread's own ``WorkerInfo`` (``worker_method="thread"``).
+    Exceptions from a worker read ``Caught {Type} in DataLoader worker
     thread {id} (sample index {idx})``.
 
     minato's own options (keyword-only, each kept as a public attribute):

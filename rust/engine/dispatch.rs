@@ -163,7 +163,7 @@ mod tests {
     fn fair_share_skips_a_worker_holding_its_share() {
         // 2 workers, 4 tasks in flight at most: a share of 2 each.
         let (mut dispatch, rx) = Dispatcher::new(Dispatch::FairShare, 2, 4);
-        let mut deliver = |dispatch: &mut Dispatcher<u64>, worker: usize| {
+        let deliver = |dispatch: &mut Dispatcher<u64>, worker: usize| {
             rx[worker].try_recv().expect("a queued task");
             dispatch.received(worker);
         };
