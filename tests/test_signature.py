@@ -167,7 +167,9 @@ def test_frozen_attributes_refuse_assignment_like_torch(attr: str) -> None:
 
 
 def test_other_attributes_may_be_assigned_after_construction() -> None:
-    loader = minato.DataLoader(RangeDataset(), num_workers=1)
+    # A fixed pool: the adaptive one may add workers (ids 1, 2, ...) while
+    # the loop waits, and each runs worker_init_fn too.
+    loader = minato.DataLoader(RangeDataset(), num_workers=1, adaptive=False)
     seen = []
     loader.worker_init_fn = seen.append
     list(loader)
