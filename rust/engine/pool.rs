@@ -97,6 +97,10 @@ pub(crate) struct PoolShared {
     started: Instant,
     state: Mutex<PoolState>,
     a_worker_exited: Condvar,
+    /// Tests: new threads ask for a stack no machine has, so spawning fails
+    /// the way it does at a resource limit.
+    #[cfg(test)]
+    pub fail_spawns: AtomicBool,
 }
 
 impl PoolState {
@@ -185,6 +189,8 @@ impl<W: WorkerHooks> Pool<W> {
                     history: vec![(Duration::ZERO, target)],
                 }),
                 a_worker_exited: Condvar::new(),
+                #[cfg(test)]
+                fail_spawns: AtomicBool::new(false),
             }),
             hooks: Arc::new(hooks),
             results,
@@ -206,28 +212,46 @@ impl<W: WorkerHooks> Pool<W> {
         tasks: Receiver<Task<W::Payload>>,
     ) -> Result<(), EngineError> {
         let worker_id = state.next_worker_id;
-        let guard = LiveGuard {
-            shared: self.shared.clone(),
-            counted: true,
-        };
+        let shared = self.shared.clone();
         let hooks = self.hooks.clone();
         let results = self.results.clone();
-        let spawned = thread::Builder::new()
-            .name(format!("minato-worker-{worker_id}"))
-            .spawn(move || worker_main(worker_id, &*hooks, &tasks, &results, guard));
-        match spawned {
-            Ok(handle) => {
-                state.live += 1;
-                state.next_worker_id += 1;
-                state.handles.push(handle);
-                Ok(())
-            }
-            // The closure, and its guard, were dropped: count it back in first.
-            Err(err) => {
-                state.live += 1;
-                Err(EngineError::Spawn(err.to_string()))
-            }
+        #[allow(unused_mut)] // tests change it
+        let mut builder = thread::Builder::new().name(format!("minato-worker-{worker_id}"));
+        #[cfg(test)]
+        if self.shared.fail_spawns.load(Ordering::Relaxed) {
+            builder = builder.stack_size(1 << 50);
         }
+        // The guard that counts the worker out is made on the new thread: a
+        // spawn that fails drops the closure here, with the pool's lock
+        // held, and dropping a guard would take that lock again.
+        let spawned = builder.spawn(move || {
+            let guard = LiveGuard {
+                shared,
+                counted: true,
+            };
+            worker_main(worker_id, &*hooks, &tasks, &results, guard)
+        });
+        let handle = spawned.map_err(|err| EngineError::Spawn(err.to_string()))?;
+        state.live += 1;
+        state.next_worker_id += 1;
+        // Threads that retired have ended: joining them releases their
+        // stacks (a thread neither joined nor detached keeps its own), so a
+        // pool that keeps resizing holds only the threads it runs.
+        let (ended, running) = std::mem::take(&mut state.handles)
+            .into_iter()
+            .partition::<Vec<_>, _>(JoinHandle::is_finished);
+        state.handles = running;
+        for thread in ended {
+            let _ = thread.join();
+        }
+        state.handles.push(handle);
+        Ok(())
+    }
+
+    /// Handles of threads started and not yet joined (tests).
+    #[cfg(test)]
+    pub fn unjoined_threads(&self) -> usize {
+        self.shared.state().handles.len()
     }
 
     /// Threads currently running their loop.

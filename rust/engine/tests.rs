@@ -642,3 +642,54 @@ fn fetch_percentiles_and_busy_time_are_reported() {
     assert!(stats.busy >= Duration::from_micros(500) * 20);
     assert_eq!(stats.samples_loaded, 20);
 }
+
+#[test]
+fn a_pool_that_keeps_resizing_joins_the_threads_that_retired() {
+    let (mut engine, inside) = start(config(2, 8, Order::Completion, Dispatch::Shared));
+    let pool = engine.workers_for_tests().pool_for_tests().clone();
+    for _ in 0..20 {
+        pool.set_target(6);
+        assert_eq!(pool.live_workers(), 6);
+        pool.set_target(1);
+        // Idle surplus workers leave within an idle check.
+        assert!(eventually(|| inside.load(AtomicOrdering::SeqCst) == 1));
+    }
+    pool.set_target(2);
+    // 20 x 5 threads retired; only those still running (and the last few
+    // to end since the latest start) are unjoined.
+    assert!(pool.unjoined_threads() <= 7, "{}", pool.unjoined_threads());
+    let jobs: Vec<Job> = (0..16)
+        .map(|value| Job::Value { value, sleep_us: 0 })
+        .collect();
+    let values: BTreeSet<u64> = run_all(&mut engine, &jobs)
+        .into_iter()
+        .map(|out| out.unwrap().1)
+        .collect();
+    assert_eq!(values, (0..16).collect());
+}
+
+#[test]
+fn a_thread_that_cannot_be_started_leaves_the_pool_working() {
+    let (mut engine, _inside) = start(config(2, 8, Order::Completion, Dispatch::Shared));
+    let pool = engine.workers_for_tests().pool_for_tests().clone();
+    pool.shared.fail_spawns.store(true, AtomicOrdering::SeqCst);
+    // Growing while no thread can be started (a resource limit) returns,
+    // with the pool as it was: no deadlock on the pool's own lock.
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let grower = pool.clone();
+    thread::spawn(move || {
+        grower.set_target(5);
+        tx.send(grower.live_workers()).unwrap();
+    });
+    assert_eq!(rx.recv_timeout(WAIT), Ok(2));
+    pool.shared.fail_spawns.store(false, AtomicOrdering::SeqCst);
+    pool.set_target(5);
+    assert_eq!(pool.live_workers(), 5);
+    let jobs: Vec<Job> = (0..16)
+        .map(|value| Job::Value {
+            value,
+            sleep_us: 100,
+        })
+        .collect();
+    assert_eq!(run_all(&mut engine, &jobs).len(), 16);
+}
