@@ -281,10 +281,6 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
                 if not self._persistent_workers:
                     self._shutdown(SHUTDOWN_GRACE_S)
                 raise
-            except KeyboardInterrupt:
-                # Leave now: workers still inside the dataset finish on their own.
-                self._shutdown(0.0)
-                raise
             waited = time.perf_counter() - asked
             # Refill before handing the batch over, as torch does: after k
             # batches the sampler has been advanced exactly as far as torch's.

@@ -51,3 +51,61 @@ def test_threads_that_retire_release_their_stacks() -> None:
             counts.append(memory_maps())
     assert loader.stats().slow_samples >= 100  # the replacements did churn
     assert counts[1] - counts[0] < 40, counts
+
+
+class GatedAt(tud.Dataset):
+    """Sample `gate` waits for `release` (set from another process or thread)."""
+
+    def __init__(self, n: int, gate: int, release: object) -> None:
+        self.n = n
+        self.gate = gate
+        self.release = release
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.gate:
+            self.release.wait(20)
+        return i
+
+
+@pytest.mark.parametrize(
+    "loader_type", [tud.DataLoader, minato.DataLoader], ids=["torch", "minato"]
+)
+def test_the_same_iterator_goes_on_after_a_keyboard_interrupt(loader_type) -> None:
+    """A loop that catches Ctrl-C in next() and goes on (a notebook cell run
+    again, a loop that logs and continues) gets the rest of the epoch, once."""
+    import _thread
+    import multiprocessing
+    import threading
+
+    release = multiprocessing.get_context("fork").Event()
+    loader = loader_type(GatedAt(200, gate=100, release=release), batch_size=4, num_workers=2)
+    iterator = iter(loader)
+    delivered: list[int] = []
+    interrupted = 0
+
+    def interrupt_then_release() -> None:
+        time.sleep(0.3)  # the loop is by then blocked in next(), on sample 100
+        _thread.interrupt_main()
+        time.sleep(0.2)
+        release.set()
+
+    helper = None
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            break
+        except KeyboardInterrupt:
+            interrupted += 1
+            continue
+        delivered.extend(int(i) for i in batch)
+        if helper is None and len(delivered) >= 60:
+            # The loop soon waits in next() for the batch holding sample 100.
+            helper = threading.Thread(target=interrupt_then_release)
+            helper.start()
+    helper.join()
+    assert interrupted == 1
+    assert sorted(delivered) == list(range(200))
