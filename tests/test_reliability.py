@@ -109,3 +109,59 @@ def test_the_same_iterator_goes_on_after_a_keyboard_interrupt(loader_type) -> No
     helper.join()
     assert interrupted == 1
     assert sorted(delivered) == list(range(200))
+
+
+class StuckOnce(tud.Dataset):
+    """Sample 3 gets stuck the first time it is loaded, until `release`."""
+
+    def __init__(self, release: object) -> None:
+        self.release = release
+        self.stuck = []  # shared by every worker's copy
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> int:
+        if i == 3 and not self.stuck:
+            self.stuck.append(i)
+            self.release.wait(60)
+        return i
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_the_next_epoch_does_not_wait_for_a_stuck_sample(shuffle: bool) -> None:
+    import threading
+
+    from helpers import os_thread_count, wait_for_thread_count
+
+    before = os_thread_count()
+    release = threading.Event()
+    dataset = StuckOnce(release)
+    loader = minato.DataLoader(
+        dataset,
+        batch_size=2,
+        shuffle=shuffle,
+        num_workers=2,
+        persistent_workers=True,
+        adaptive=False,
+        sample_timeout=None,
+    )
+    try:
+        for _ in loader:
+            # In order, sample 3's batch is prefetched with the first ones;
+            # reordered, the batches go on past it until it is loaded.
+            while not shuffle and not dataset.stuck:
+                time.sleep(0.01)
+            if dataset.stuck:
+                break  # sample 3 is in flight, stuck
+        assert dataset.stuck
+        # The next epoch is delivered whole while sample 3 is still stuck:
+        # a replacement serves it; the stuck worker leaves once released.
+        second = sorted(int(i) for batch in loader for i in batch)
+        assert not release.is_set()
+        assert second == list(range(32))
+    finally:
+        release.set()
+    del loader
+    assert wait_for_thread_count(before) == before

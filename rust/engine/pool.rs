@@ -48,6 +48,8 @@ struct Busy {
     started: Instant,
     samples: usize,
     flagged_slow: bool,
+    /// Its epoch ended while it ran: a replacement serves the next one.
+    orphaned: bool,
 }
 
 /// The samples of a task that has run for `running`, prorated by the time a
@@ -71,6 +73,9 @@ struct PoolState {
     live: usize,
     /// Of those, how many are running a task flagged slow.
     flagged: usize,
+    /// Of those, how many are still running a task of an ended epoch (and
+    /// not flagged slow).
+    orphaned: usize,
     /// How many workers should be free for fast tasks.
     target: usize,
     /// Most replacements for flagged workers.
@@ -105,9 +110,10 @@ pub(crate) struct PoolShared {
 
 impl PoolState {
     /// Workers the pool should have: the target, plus a replacement for
-    /// each worker stuck on a slow task, up to `max_slow`.
+    /// each worker stuck on a slow task, up to `max_slow`, and for each
+    /// still running a task of an ended epoch.
     fn wanted(&self) -> usize {
-        self.target + self.flagged.min(self.max_slow)
+        self.target + self.flagged.min(self.max_slow) + self.orphaned
     }
 
     /// Counts the calling worker out when the pool has more workers than it
@@ -181,6 +187,7 @@ impl<W: WorkerHooks> Pool<W> {
                 state: Mutex::new(PoolState {
                     live: 0,
                     flagged: 0,
+                    orphaned: 0,
                     target,
                     max_slow: 0,
                     busy: HashMap::new(),
@@ -319,6 +326,41 @@ impl<W: WorkerHooks> Pool<W> {
         }
     }
 
+    /// Takes the tasks still queued off the shared queue (an epoch ended:
+    /// none of them would run); returns how many.
+    pub fn drain_queued(&self) -> usize {
+        self.shared_tasks
+            .as_ref()
+            .map_or(0, |tasks| tasks.try_iter().count())
+    }
+
+    /// The epoch ended while these workers run its tasks: each gets a
+    /// replacement for the next epoch, and leaves once its task is done,
+    /// so a stuck sample never holds the next epoch up. Returns how many
+    /// replacements were started.
+    pub fn orphan_running(&self) -> usize {
+        let Some(tasks) = &self.shared_tasks else {
+            return 0;
+        };
+        let mut state = self.shared.state();
+        let mut orphaned = 0;
+        for busy in state.busy.values_mut() {
+            if !busy.flagged_slow && !busy.orphaned {
+                busy.orphaned = true;
+                orphaned += 1;
+            }
+        }
+        state.orphaned += orphaned;
+        let mut started = 0;
+        while state.live < state.wanted() && !self.shared.stop.load(Ordering::Acquire) {
+            if self.spawn_worker(&mut state, tasks.clone()).is_err() {
+                break;
+            }
+            started += 1;
+        }
+        started
+    }
+
     /// Flags every task that has run past `timeout` per sample as slow, and
     /// starts a replacement worker for each, up to `max_slow` of them, so
     /// that `target` workers stay free for fast tasks. A flagged worker
@@ -433,6 +475,7 @@ fn worker_main<W: WorkerHooks>(
                     started,
                     samples: task.samples,
                     flagged_slow: false,
+                    orphaned: false,
                 };
                 shared.state().busy.insert(worker_id, busy);
                 match &mut state {
@@ -457,12 +500,13 @@ fn worker_main<W: WorkerHooks>(
             }
             let slow = {
                 let mut pool = shared.state();
-                let flagged = pool
-                    .busy
-                    .remove(&worker_id)
-                    .is_some_and(|busy| busy.flagged_slow);
+                let busy = pool.busy.remove(&worker_id);
+                let flagged = busy.as_ref().is_some_and(|busy| busy.flagged_slow);
                 if flagged {
                     pool.flagged -= 1;
+                }
+                if busy.is_some_and(|busy| busy.orphaned) {
+                    pool.orphaned -= 1;
                 }
                 // A replacement took a slow worker's place, or the pool
                 // shrank: surplus workers go.

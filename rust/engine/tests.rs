@@ -693,3 +693,42 @@ fn a_thread_that_cannot_be_started_leaves_the_pool_working() {
         .collect();
     assert_eq!(run_all(&mut engine, &jobs).len(), 16);
 }
+
+#[test]
+fn a_new_epoch_does_not_wait_for_a_stuck_task() {
+    let (mut engine, _inside) = start(config(2, 4, Order::Completion, Dispatch::Shared));
+    let stuck = Job::Value {
+        value: 0,
+        sleep_us: 3_000_000,
+    };
+    engine.submit(stuck).unwrap();
+    engine
+        .submit(Job::Value {
+            value: 1,
+            sleep_us: 0,
+        })
+        .unwrap();
+    assert_eq!(engine.recv(WAIT).unwrap().1, 1);
+    let started = std::time::Instant::now();
+    engine.new_epoch().unwrap();
+    // The next epoch is served beside the stuck task, by a replacement.
+    let jobs: Vec<Job> = (10..30)
+        .map(|value| Job::Value { value, sleep_us: 0 })
+        .collect();
+    let values: BTreeSet<u64> = run_all(&mut engine, &jobs)
+        .into_iter()
+        .map(|out| out.unwrap().1)
+        .collect();
+    assert_eq!(values, (10..30).collect());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "waited for the stuck task"
+    );
+    assert_eq!(engine.num_workers(), 3);
+    // Once its task is done, the stuck worker leaves; its result is dropped.
+    assert!(eventually(|| engine.num_workers() == 2));
+    let jobs: Vec<Job> = (40..44)
+        .map(|value| Job::Value { value, sleep_us: 0 })
+        .collect();
+    assert_eq!(run_all(&mut engine, &jobs).len(), 4);
+}

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
 
@@ -13,6 +13,11 @@ use super::monitor::{Monitor, MonitorConfig};
 use super::pool::{Pool, WorkerHooks};
 use super::stats::{ConsumerWaiting, EngineStats, Occupancy};
 use super::task::{Done, Task};
+
+/// How long ending an epoch waits for the tasks still running before it
+/// leaves them to finish beside replacements: long enough for ordinary
+/// tasks, short enough that a stuck one holds nothing up.
+pub(crate) const END_EPOCH_WAIT: Duration = Duration::from_millis(100);
 
 /// Sends tasks to worker threads and receives what they finished.
 pub(crate) struct Workers<W: WorkerHooks> {
@@ -177,17 +182,36 @@ impl<W: WorkerHooks> Workers<W> {
         self.dispatcher.deactivate(worker);
     }
 
-    /// Ends the current epoch: its queued tasks are skipped, tasks already
-    /// running are waited for and their results dropped. Blocks until none
-    /// is left, so the next epoch starts with the full in-flight budget.
+    /// Ends the current epoch: its queued tasks are dropped, and its running
+    /// tasks' results will be. With a shared queue, running tasks get
+    /// [`END_EPOCH_WAIT`] to finish; a worker still running one after that
+    /// (a stuck sample) gets a replacement and leaves when it is done, so the
+    /// next epoch starts at once. Workers that own their queues (an iterable
+    /// dataset's streams) are waited for: each next task is theirs.
     pub fn end_epoch(&mut self) -> Result<(), EngineError> {
         if self.shut_down {
             return Err(EngineError::ShutDown);
         }
         self.pool.shared.epoch.fetch_add(1, Ordering::AcqRel);
-        while self.unreceived > 0 {
-            self.results.recv().map_err(|_| EngineError::WorkersGone)?;
-            self.unreceived -= 1;
+        if self.pool.resizable() {
+            self.unreceived -= self.pool.drain_queued();
+            let deadline = Instant::now() + END_EPOCH_WAIT;
+            while self.unreceived > 0 {
+                match self.results.recv_deadline(deadline) {
+                    Ok(_) => self.unreceived -= 1,
+                    Err(RecvTimeoutError::Timeout) => break,
+                    Err(RecvTimeoutError::Disconnected) => return Err(EngineError::WorkersGone),
+                }
+            }
+            if self.unreceived > 0 {
+                // Their results arrive later and are dropped as stale.
+                self.pool.orphan_running();
+            }
+        } else {
+            while self.unreceived > 0 {
+                self.results.recv().map_err(|_| EngineError::WorkersGone)?;
+                self.unreceived -= 1;
+            }
         }
         self.dispatcher.reset();
         Ok(())
