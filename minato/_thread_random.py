@@ -333,8 +333,10 @@ class ThreadGenerator(TorchFunctionMode):
                 f"minato: {name} in a worker thread draws from torch's global "
                 "generator, which worker threads share with the training loop "
                 "(a worker process would have its own). Pass "
-                "generator=torch.thread_safe_generator() to a function that takes one "
-                "(e.g. torch.rand(...) < p instead of dropout), or draw in the training loop.",
+                "generator=torch.thread_safe_generator() (torch >= 2.15; before, "
+                "torch.utils.data.get_worker_info().rng.torch_generator) to a function "
+                "that takes one (e.g. torch.rand(...) < p instead of dropout), or draw "
+                "in the training loop.",
             )
         return func(*args, **kwargs) if kwargs else func(*args)
 

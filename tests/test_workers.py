@@ -97,7 +97,10 @@ def test_seeds_come_from_the_generator_exactly_as_in_torch() -> None:
         )
         return {(b["id"].item(), b["seed"].item()) for b in loader}
 
-    assert seeds(minato.DataLoader) == seeds(tud.DataLoader)
+    # Which threads served depends on timing (one may take every sample);
+    # each one's (id, seed) is torch's worker's.
+    ours = seeds(minato.DataLoader)
+    assert ours and ours <= seeds(tud.DataLoader)
 
 
 def test_worker_rng_drives_thread_safe_generator() -> None:
