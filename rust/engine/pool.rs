@@ -319,11 +319,20 @@ impl<W: WorkerHooks> Pool<W> {
             }
             state.history.push((at, target));
         }
+        self.start_wanted(&mut state, tasks);
+    }
+
+    /// Starts workers on the shared queue until the pool has as many as it
+    /// wants (or no thread can be started); returns how many it started.
+    fn start_wanted(&self, state: &mut PoolState, tasks: &Receiver<Task<W::Payload>>) -> usize {
+        let mut started = 0;
         while state.live < state.wanted() && !self.shared.stop.load(Ordering::Acquire) {
-            if self.spawn_worker(&mut state, tasks.clone()).is_err() {
+            if self.spawn_worker(state, tasks.clone()).is_err() {
                 break;
             }
+            started += 1;
         }
+        started
     }
 
     /// Takes the tasks still queued off the shared queue (an epoch ended:
@@ -351,14 +360,7 @@ impl<W: WorkerHooks> Pool<W> {
             }
         }
         state.orphaned += orphaned;
-        let mut started = 0;
-        while state.live < state.wanted() && !self.shared.stop.load(Ordering::Acquire) {
-            if self.spawn_worker(&mut state, tasks.clone()).is_err() {
-                break;
-            }
-            started += 1;
-        }
-        started
+        self.start_wanted(&mut state, tasks)
     }
 
     /// Flags every task that has run past `timeout` per sample as slow, and
@@ -382,14 +384,7 @@ impl<W: WorkerHooks> Pool<W> {
         }
         state.flagged += newly_flagged;
         state.max_slow = max_slow;
-        let mut started = 0;
-        while state.live < state.wanted() && !self.shared.stop.load(Ordering::Acquire) {
-            if self.spawn_worker(&mut state, tasks.clone()).is_err() {
-                break;
-            }
-            started += 1;
-        }
-        started
+        self.start_wanted(&mut state, tasks)
     }
 
     /// Stops the workers and joins them, waiting at most `grace` for a worker
