@@ -192,6 +192,8 @@ def test_sampler_is_advanced_as_far_as_torchs(num_workers, prefetch_factor, take
                 batch_size=2,
                 num_workers=num_workers,
                 prefetch_factor=prefetch_factor,
+                # A fixed pool: an adaptive one that grows prefetches more.
+                **({"adaptive": False} if cls is minato.DataLoader else {}),
             )
         )
         for _ in range(taken):
