@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -62,10 +63,38 @@ def _collate_tensor_fn(batch, *, collate_fn_map=None):
         return _torch_collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 
+_torch_set_num_threads = torch.set_num_threads
+_warned_set_num_threads = False
+
+
+def _set_num_threads(nthreads: int) -> None:
+    """torch.set_num_threads, except in a minato worker thread: there it
+    would set the whole process's intra-op threads, the training loop's too,
+    where a worker process sets its own (torch sets 1 in each, and recipes
+    copy that into worker_init_fn). It is ignored there, with one warning."""
+    global _warned_set_num_threads
+    if thread_worker_info() is None:
+        return _torch_set_num_threads(nthreads)
+    if not _warned_set_num_threads:
+        _warned_set_num_threads = True
+        warnings.warn(
+            f"minato: torch.set_num_threads({nthreads}) in a DataLoader worker thread is "
+            "ignored: it would change the intra-op threads of the whole process, the "
+            "training loop's included, where a worker process would change its own.",
+            UserWarning,
+            stacklevel=2,
+        )
+    return None
+
+
 def install() -> None:
     """Make get_worker_info per-thread, default_collate shm-free in threads,
-    and the process-wide random generators per worker thread. Idempotent."""
+    the process-wide random generators per worker thread, and
+    torch.set_num_threads a no-op in worker threads. Idempotent."""
     _thread_random.install()
+    if torch.set_num_threads is _torch_set_num_threads:
+        _set_num_threads.__doc__ = _torch_set_num_threads.__doc__
+        torch.set_num_threads = _set_num_threads
     get_worker_info = _worker.get_worker_info
     if get_worker_info.__code__ is not _per_thread_get_worker_info.__code__:
         setattr(_worker, "_minato_thread_worker_info", thread_worker_info)  # noqa: B010

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minato
-from minato import _thread_random
+from minato import _thread_random, _torch_threads
 from minato._worker_dataset import worker_dataset
 
 pytestmark = pytest.mark.timeout(60)
@@ -323,3 +323,22 @@ def test_a_stuck_stream_does_not_starve_the_others(loader_type: Any) -> None:
                 release.set()
     assert fast_before_release == 40
     assert sorted(items) == list(range(40)) + list(range(1000, 1004))
+
+
+def test_set_num_threads_in_a_worker_leaves_the_process_alone() -> None:
+    """A worker process's torch.set_num_threads(1) (torch's own, and many
+    worker_init_fn recipes) sets that process's threads; in a thread it
+    would set the training loop's."""
+    before = torch.get_num_threads()
+
+    def init(worker_id: int) -> None:
+        torch.set_num_threads(1)
+
+    _torch_threads._warned_set_num_threads = False  # as in a new process
+    with pytest.warns(UserWarning, match="set_num_threads"):
+        loaded = list(minato.DataLoader(list(range(8)), num_workers=2, worker_init_fn=init))
+    assert len(loaded) == 8
+    assert torch.get_num_threads() == before
+    # Outside workers it is torch's own.
+    torch.set_num_threads(before)
+    assert torch.get_num_threads() == before
