@@ -35,13 +35,14 @@ from __future__ import annotations
 import random
 import threading
 import types
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.random
 from torch.overrides import TorchFunctionMode
+
+from minato._warn_once import warn_once
 
 
 class ThreadGenerators:
@@ -278,23 +279,14 @@ def _unredirectable_functions() -> dict[Any, str]:
 
 _RANDOM_FUNCTIONS: frozenset[Any] = frozenset()
 _UNREDIRECTABLE: dict[Any, str] = {}
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
-
-
-def _warn_once(key: str, message: str) -> None:
-    with _warned_lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def _cannot_isolate(what: str) -> None:
-    _warn_once(
+    warn_once(
         what,
         f"minato: {what}: worker threads share it with each other and with the "
         "training loop, where torch's worker processes each have their own.",
+        stacklevel=2,
     )
 
 
@@ -328,7 +320,7 @@ class ThreadGenerator(TorchFunctionMode):
             return func(*args, **kwargs)
         if func in _UNREDIRECTABLE:
             name = _UNREDIRECTABLE[func]
-            _warn_once(
+            warn_once(
                 name,
                 f"minato: {name} in a worker thread draws from torch's global "
                 "generator, which worker threads share with the training loop "
@@ -337,6 +329,7 @@ class ThreadGenerator(TorchFunctionMode):
                 "torch.utils.data.get_worker_info().rng.torch_generator) to a function "
                 "that takes one (e.g. torch.rand(...) < p instead of dropout), or draw "
                 "in the training loop.",
+                stacklevel=2,
             )
         return func(*args, **kwargs) if kwargs else func(*args)
 

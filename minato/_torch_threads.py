@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import warnings
 from collections.abc import Iterator
 
 import torch
@@ -21,6 +20,7 @@ from torch.utils.data._utils import collate as _collate
 from torch.utils.data._utils import worker as _worker
 
 from minato import _thread_random
+from minato._warn_once import warn_once
 
 _thread = threading.local()
 
@@ -64,7 +64,6 @@ def _collate_tensor_fn(batch, *, collate_fn_map=None):
 
 
 _torch_set_num_threads = torch.set_num_threads
-_warned_set_num_threads = False
 
 
 def _set_num_threads(nthreads: int) -> None:
@@ -72,18 +71,15 @@ def _set_num_threads(nthreads: int) -> None:
     would set the whole process's intra-op threads, the training loop's too,
     where a worker process sets its own (torch sets 1 in each, and recipes
     copy that into worker_init_fn). It is ignored there, with one warning."""
-    global _warned_set_num_threads
     if thread_worker_info() is None:
         return _torch_set_num_threads(nthreads)
-    if not _warned_set_num_threads:
-        _warned_set_num_threads = True
-        warnings.warn(
-            f"minato: torch.set_num_threads({nthreads}) in a DataLoader worker thread is "
-            "ignored: it would change the intra-op threads of the whole process, the "
-            "training loop's included, where a worker process would change its own.",
-            UserWarning,
-            stacklevel=2,
-        )
+    warn_once(
+        "torch.set_num_threads",
+        f"minato: torch.set_num_threads({nthreads}) in a DataLoader worker thread is "
+        "ignored: it would change the intra-op threads of the whole process, the "
+        "training loop's included, where a worker process would change its own.",
+        stacklevel=2,
+    )
     return None
 
 

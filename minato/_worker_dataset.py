@@ -19,13 +19,13 @@ value (appending to a list attribute) are still seen by every worker.
 from __future__ import annotations
 
 import copy
-import threading
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+from minato._warn_once import warn_once
 
 # Wrappers nest a few levels at most; a bound keeps cyclic or odd object
 # graphs from costing anything.
@@ -36,9 +36,6 @@ SCAN_LIMIT = 64
 
 # Values a worker cannot give new attributes: shared as they are.
 _SHARED_AS_IS = (list, tuple, dict, set, frozenset, str, bytes, range, np.ndarray, torch.Tensor)
-
-_warned: set[type] = set()
-_warned_lock = threading.Lock()
 
 
 def worker_dataset(dataset: Any) -> Any:
@@ -96,16 +93,12 @@ def _copy_wrapped(value: Any, memo: dict[int, Any], depth: int) -> Any:
 
 def _warn_shared(dataset: Any, error: Exception) -> None:
     kind = type(dataset)
-    with _warned_lock:
-        if kind in _warned:
-            return
-        _warned.add(kind)
-    warnings.warn(
+    warn_once(
+        ("uncopyable dataset", kind),
         f"minato: the dataset ({kind.__qualname__}) cannot be copied for each worker "
         f"({type(error).__name__}: {error}), so its worker threads share it: attributes "
         "that worker_init_fn or the dataset set (a shard, a lazily opened file) are seen by "
         "every worker, where each torch worker process would have its own. Give the class a "
         "__copy__ method to make per-worker copies possible.",
-        UserWarning,
         stacklevel=2,
     )

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minato
-from minato import _thread_random, _torch_threads
+from minato import _warn_once
 from minato._worker_dataset import worker_dataset
 
 pytestmark = pytest.mark.timeout(60)
@@ -262,7 +262,7 @@ def test_a_random_function_without_a_generator_warns_once() -> None:
         def __getitem__(self, i: int) -> torch.Tensor:
             return F.dropout(torch.ones(4), p=0.5)
 
-    _thread_random._warned.discard("torch.nn.functional.dropout")  # as in a new process
+    _warn_once._warned.discard("torch.nn.functional.dropout")  # as in a new process
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         list(minato.DataLoader(Drops(), batch_size=2, num_workers=2))
@@ -334,7 +334,7 @@ def test_set_num_threads_in_a_worker_leaves_the_process_alone() -> None:
     def init(worker_id: int) -> None:
         torch.set_num_threads(1)
 
-    _torch_threads._warned_set_num_threads = False  # as in a new process
+    _warn_once._warned.discard("torch.set_num_threads")  # as in a new process
     with pytest.warns(UserWarning, match="set_num_threads"):
         loaded = list(minato.DataLoader(list(range(8)), num_workers=2, worker_init_fn=init))
     assert len(loaded) == 8

@@ -1,0 +1,20 @@
+"""Warnings that minato gives once per process, whichever thread hits them first."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Hashable
+
+_warned: set[Hashable] = set()
+_lock = threading.Lock()
+
+
+def warn_once(key: Hashable, message: str, stacklevel: int = 1) -> None:
+    """A UserWarning with `message`, unless one was given for `key` already.
+    `stacklevel` counts from the caller of warn_once, as for warnings.warn."""
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(message, UserWarning, stacklevel=stacklevel + 1)
