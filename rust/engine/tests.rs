@@ -84,6 +84,13 @@ fn start(cfg: EngineConfig) -> (Engine<Hooks>, Arc<AtomicUsize>) {
 
 const WAIT: Duration = Duration::from_secs(10);
 
+/// Jobs that return each value at once.
+fn instant_values(values: std::ops::Range<u64>) -> Vec<Job> {
+    values
+        .map(|value| Job::Value { value, sleep_us: 0 })
+        .collect()
+}
+
 /// Submits `jobs` keeping the engine full, receiving as it goes; returns the outputs.
 fn run_all(engine: &mut Engine<Hooks>, jobs: &[Job]) -> Vec<Result<(usize, u64), EngineError>> {
     let mut jobs = jobs.iter().copied();
@@ -606,9 +613,7 @@ fn a_shrunk_pool_lets_idle_workers_go_and_a_grown_one_starts_them() {
     assert!(eventually(|| inside.load(AtomicOrdering::SeqCst) == 1));
     pool.set_target(3);
     assert_eq!(engine.num_workers(), 3);
-    let jobs: Vec<Job> = (0..30)
-        .map(|value| Job::Value { value, sleep_us: 0 })
-        .collect();
+    let jobs = instant_values(0..30);
     assert_eq!(run_all(&mut engine, &jobs).len(), 30);
     let history: Vec<usize> = engine
         .stats()
@@ -658,9 +663,7 @@ fn a_pool_that_keeps_resizing_joins_the_threads_that_retired() {
     // 20 x 5 threads retired; only those still running (and the last few
     // to end since the latest start) are unjoined.
     assert!(pool.unjoined_threads() <= 7, "{}", pool.unjoined_threads());
-    let jobs: Vec<Job> = (0..16)
-        .map(|value| Job::Value { value, sleep_us: 0 })
-        .collect();
+    let jobs = instant_values(0..16);
     let values: BTreeSet<u64> = run_all(&mut engine, &jobs)
         .into_iter()
         .map(|out| out.unwrap().1)
@@ -717,9 +720,7 @@ fn a_new_epoch_does_not_wait_for_a_stuck_task() {
     let started = std::time::Instant::now();
     engine.new_epoch().unwrap();
     // The next epoch is served beside the stuck task, by a replacement.
-    let jobs: Vec<Job> = (10..30)
-        .map(|value| Job::Value { value, sleep_us: 0 })
-        .collect();
+    let jobs = instant_values(10..30);
     let values: BTreeSet<u64> = run_all(&mut engine, &jobs)
         .into_iter()
         .map(|out| out.unwrap().1)
@@ -732,8 +733,6 @@ fn a_new_epoch_does_not_wait_for_a_stuck_task() {
     assert_eq!(engine.num_workers(), 3);
     // Once its task is done, the stuck worker leaves; its result is dropped.
     assert!(eventually(|| engine.num_workers() == 2));
-    let jobs: Vec<Job> = (40..44)
-        .map(|value| Job::Value { value, sleep_us: 0 })
-        .collect();
+    let jobs = instant_values(40..44);
     assert_eq!(run_all(&mut engine, &jobs).len(), 4);
 }
