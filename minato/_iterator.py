@@ -18,6 +18,15 @@ from torch.utils.data.dataloader import (
 
 from minato._collate import fast_default_collate
 from minato._device import DeviceStage, Failure, HostBatch
+from minato._failures import (
+    SampleFailure,
+    Skipped,
+    budget_exceeded,
+    epoch_samples,
+    failure_budget,
+    load_skipping,
+    next_skipping,
+)
 from minato._minato import Engine, SampleEngine
 from minato._resume import EpochStream, IterableStream, capture_epoch_rng
 from minato._stats import StatsRecorder, logger
@@ -65,6 +74,9 @@ class _Delivery(DeviceStage):
             # fast (benchmarks/collate.py), so torch's own collate stays.
             self._collate_fn = fast_default_collate(pin=True)
         self._init_reporting(loader)
+        self._skip_errors = loader.on_error == "skip"
+        self._max_failures = loader.max_failures
+        self._over_budget = False
 
     def _begin_epoch(
         self, loader: DataLoader, epoch_rng: dict[str, Any], *, samples: bool = False
@@ -74,6 +86,28 @@ class _Delivery(DeviceStage):
         self._epoch: EpochStream | IterableStream = loader._progress.begin_epoch(
             loader, self._sampler_iter, epoch_rng, samples=samples
         )
+        self._failure_budget = failure_budget(loader) if self._skip_errors else None
+        self._epoch_size = epoch_samples(loader) if self._failure_budget is not None else None
+        self._over_budget = False
+
+    def _note_skipped(self, skipped: list[tuple[int | None, SampleFailure]]) -> Failure | None:
+        """Records samples the failure policy skipped (each once: log, stats,
+        the epoch's state); the error that ends the epoch at the first one
+        over budget (those after it are not recorded: the epoch is over)."""
+        if self._over_budget:
+            return None
+        budget = self._failure_budget
+        for tag, failure in skipped:
+            self._epoch.skipped(tag, failure)
+            self._recorder.skipped(failure)
+            logger.warning("minato: skipped %s", failure.describe())
+            failures = self._epoch.failures
+            if budget is not None and len(failures) > budget:
+                self._over_budget = True
+                return Failure(
+                    budget_exceeded(self._max_failures, failures, budget, self._epoch_size)
+                )
+        return None
 
     def _delivered(self, tags: list[int]) -> None:
         self._epoch.delivered(tags)
@@ -119,6 +153,10 @@ class _CallingThreadDataLoaderIter(_Delivery, _SingleProcessDataLoaderIter):
             return collate(data)
 
         fetcher.collate_fn = counting_collate
+        self._over_budget_failure: Failure | None = None
+        self._replaying = False
+        if self._skip_errors:
+            self._dataset_fetcher = _SkippingFetcher(fetcher, self._skip_failures)
 
     def _next_index(self) -> Any:
         self._tags, index = self._epoch.next_batch()
@@ -128,31 +166,94 @@ class _CallingThreadDataLoaderIter(_Delivery, _SingleProcessDataLoaderIter):
         """A resumed IterableDataset: drop the batches delivered before the checkpoint."""
         self._replay_pending = False
         assert isinstance(self._epoch, IterableStream)
-        for _ in range(self._epoch.take_skip(0)):
-            try:
-                _SingleProcessDataLoaderIter._next_data(self)
-            except StopIteration:
-                raise
-            except Exception:
-                pass  # it failed the first time too, and counted as delivered
+        self._replaying = True
+        try:
+            for _ in range(self._epoch.take_skip(0)):
+                try:
+                    _SingleProcessDataLoaderIter._next_data(self)
+                except StopIteration:
+                    raise
+                except Exception:
+                    pass  # it failed the first time too, and counted as delivered
+        finally:
+            self._replaying = False
 
     def _next_host_data(self) -> HostBatch:
+        if self._over_budget:
+            raise StopIteration
         started = time.perf_counter()
-        try:
-            if self._replay_pending:
-                self._replay_stream()
+        while True:
             self._tags = []
-            data = _SingleProcessDataLoaderIter._next_data(self)
-        except StopIteration:
-            raise
-        except Exception as error:
-            # As torch: the batch is used up, the error raised unwrapped.
-            data = Failure(error)
-        else:
-            # Loading happens on this thread: all of it is time the loop waited.
-            self._report(self._batch_samples, time.perf_counter() - started)
+            try:
+                if self._replay_pending:
+                    self._replay_stream()
+                data = _SingleProcessDataLoaderIter._next_data(self)
+            except StopIteration:
+                raise
+            except _NothingLoaded:
+                # Every sample of the batch was skipped: go on to the next one.
+                over_budget, self._over_budget_failure = self._over_budget_failure, None
+                if over_budget is not None:
+                    return self._tags_of_batch(), over_budget
+                self._delivered(self._tags_of_batch())
+                continue
+            except Exception as error:
+                # As torch: the batch is used up, the error raised unwrapped.
+                data = Failure(error)
+            else:
+                # Loading happens on this thread: all of it is time the loop waited.
+                self._report(self._batch_samples, time.perf_counter() - started)
+            over_budget, self._over_budget_failure = self._over_budget_failure, None
+            return self._tags_of_batch(), over_budget or data
+
+    def _tags_of_batch(self) -> list[int]:
         # An iterable dataset's one stream (this thread's) is stream 0.
-        return ([0] if isinstance(self._epoch, IterableStream) else self._tags), data
+        return [0] if isinstance(self._epoch, IterableStream) else self._tags
+
+    def _skip_failures(self, failures: list[SampleFailure]) -> None:
+        if self._replaying:
+            return  # reported before the checkpoint, and kept in its state
+        tag = self._tags[0] if self._tags else None
+        over_budget = self._note_skipped([(tag, failure) for failure in failures])
+        if over_budget is not None:
+            self._over_budget_failure = over_budget
+
+
+class _NothingLoaded(Exception):
+    """Every sample of a batch was skipped (on_error="skip", num_workers=0)."""
+
+
+class _SkippingFetcher:
+    """torch's fetcher for ``num_workers=0``, with ``on_error="skip"``: a
+    failing sample is left out (an IterableDataset's is replaced by the
+    stream's next item) and handed to ``on_skip``."""
+
+    def __init__(self, fetcher: Any, on_skip: Any) -> None:
+        self.fetcher = fetcher
+        self.on_skip = on_skip
+        getitems = getattr(fetcher.dataset, "__getitems__", None)
+        self.getitems = getitems if getitems else None
+        self.is_iterable = hasattr(fetcher, "dataset_iter")
+
+    def fetch(self, index: Any) -> Any:
+        fetcher = self.fetcher
+        batched = fetcher.auto_collation
+        if self.is_iterable:
+            if fetcher.ended:
+                raise StopIteration
+            wanted = len(index) if batched else 1
+            data, failures, fetcher.ended = next_skipping(fetcher.dataset_iter, wanted, None)
+            if data and fetcher.drop_last and len(data) < wanted:
+                data = []
+            if not data and not failures:
+                raise StopIteration
+        else:
+            indices = index if batched else [index]
+            data, failures = load_skipping(fetcher.dataset, self.getitems, indices, None)
+        self.on_skip(failures)
+        if not data:
+            raise _NothingLoaded
+        return fetcher.collate_fn(data if batched else data[0])
 
 
 class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
@@ -180,6 +281,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             base_seed=int(self._base_seed),
             worker_init_fn=loader.worker_init_fn,
             take_stream_skip=loader._progress.take_stream_skip,
+            skip_errors=self._skip_errors,
         )
 
     def _adaptive(self, loader: DataLoader) -> bool:
@@ -215,16 +317,25 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             shutdown_grace=SHUTDOWN_GRACE_S,
         )
 
-    def _to_batch(self, data: Any) -> tuple[list[int], int, Any]:
-        """What the engine delivered, as (tags, sample count, the batch or its Failure).
+    def _to_batch(self, data: Any) -> tuple[list[int], int, Any, list[Any]]:
+        """What the engine delivered, as (tags, sample count, the batch or its
+        Failure, the samples skipped as (tag, SampleFailure)); the batch is
+        None when every sample was skipped.
 
         A worker returns ``(tag, payload)``: the batch's tag for a map-style
         dataset, the worker's stream for an iterable one."""
         tag, payload = data
         if isinstance(payload, ExceptionWrapper):
-            return [tag], 0, Failure(payload)
-        samples, batch = payload
-        return [tag], samples, batch
+            return [tag], 0, Failure(payload), []
+        samples, batch, failures = payload
+        return [tag], samples, batch, [(tag, failure) for failure in failures]
+
+    def _engine_skipped(self) -> list[tuple[int | None, SampleFailure]]:
+        """Samples the engine skipped outside any batch (the sample-level engine's)."""
+        return []
+
+    def _close_epoch(self) -> None:
+        """The sampler is exhausted: no batch follows the ones submitted."""
 
     def _samples_reordered(self) -> bool:
         return False
@@ -254,6 +365,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
                 tags, index = self._epoch.next_batch()
             except StopIteration:
                 self._sampler_done = True
+                self._close_epoch()
                 return
             if not self._submit(engine, tags, index):
                 # Every worker of an iterable dataset is exhausted.
@@ -266,6 +378,8 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         return bool(engine.submit(index, count))
 
     def _next_host_data(self) -> HostBatch:
+        if self._over_budget:
+            self._end_epoch_early()
         if self._engine is None:
             raise StopIteration  # finished or stopped, as torch's iterator stays
         asked = time.perf_counter()
@@ -273,6 +387,9 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             try:
                 data = self._engine.next(self._timeout)
             except StopIteration:
+                over_budget = self._note_skipped(self._engine_skipped())
+                if over_budget is not None:
+                    return [], over_budget
                 # Nothing pending. An iterable's exhausted workers may have
                 # freed slots while the sampler still has indices: refill.
                 self._submit_ready()
@@ -285,13 +402,26 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             # Refill before handing the batch over, as torch does: after k
             # batches the sampler has been advanced exactly as far as torch's.
             self._submit_ready()
-            tags, samples, data = self._to_batch(data)
+            tags, samples, data, skipped = self._to_batch(data)
+            over_budget = self._note_skipped(skipped + self._engine_skipped())
+            if over_budget is not None:
+                return tags, over_budget
+            if data is None:
+                # Every sample of the batch was skipped: go on to the next one.
+                self._delivered(tags)
+                continue
             if isinstance(data, Failure):
                 return tags, data
             self._report(samples, waited)
             if self._pin_memory:
                 data = pin_memory(data, self._pin_memory_device)
             return tags, data
+
+    def _end_epoch_early(self) -> None:
+        """After the failure budget's error: the epoch is over."""
+        if not self._persistent_workers:
+            self._shutdown(SHUTDOWN_GRACE_S)
+        raise StopIteration
 
     def _shutdown(self, grace: float) -> None:
         engine = getattr(self, "_engine", None)
@@ -319,6 +449,8 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         batch_size = loader.batch_size or 1
         return SampleEngine(
             worker_factory(self._worker_spec(loader), samples=True),
+            skipped_type=Skipped,
+            drop_last=self._drop_last,
             num_workers=self._starting_workers(loader),
             max_workers=self._max_workers(loader),
             max_samples_in_flight=self._batches_in_flight(loader) * batch_size,
@@ -339,13 +471,26 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
     def _submit(self, engine: Any, tags: list[int], index: Any) -> bool:
         return bool(engine.submit(list(zip(tags, index, strict=True))))
 
-    def _to_batch(self, data: Any) -> tuple[list[int], int, Any]:
+    def _engine_skipped(self) -> list[tuple[int | None, SampleFailure]]:
+        engine = self._engine
+        if engine is None:
+            return []
+        return [(skipped.tag, skipped.failure) for skipped in engine.take_skipped()]
+
+    def _close_epoch(self) -> None:
+        # Samples skipped this epoch are taken off its last batches.
+        if self._engine is not None:
+            self._engine.close_epoch()
+
+    def _to_batch(self, data: Any) -> tuple[list[int], int, Any, list[Any]]:
         tags = [tag for tag, _ in data]
         samples = [sample for _, sample in data]
         for sample in samples:
             if isinstance(sample, ExceptionWrapper):
-                return tags, 0, Failure(sample)
+                return tags, 0, Failure(sample), []
         try:
-            return tags, len(samples), self._collate_fn(samples)
+            return tags, len(samples), self._collate_fn(samples), []
         except Exception as error:
-            return tags, 0, Failure(error)
+            indices = self._epoch.indices_of(tags)
+            error.add_note(f"(collating sample indices {indices} in the main thread)")
+            return tags, 0, Failure(error), []

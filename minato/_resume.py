@@ -40,6 +40,8 @@ from typing import Any
 import torch
 from torch.utils.data.dataloader import _DatasetKind
 
+from minato._failures import SampleFailure
+
 # Bumped when the layout of the state changes; a state of another version is refused.
 STATE_VERSION = 1
 _FORMAT = "minato.DataLoader"
@@ -153,6 +155,7 @@ class EpochStream:
         batch_size: int,
         carried: list[Any] | None = None,
         pulled: int = 0,
+        failures: list[SampleFailure] | None = None,
     ) -> None:
         self._batches = batches
         self._samples = samples
@@ -162,6 +165,8 @@ class EpochStream:
         self._buffer: deque[Any] = deque()
         self._pending: dict[int, Any] = {}
         self._next_tag = 0
+        # Samples skipped this epoch (on_error="skip"), in the order reported.
+        self.failures: list[SampleFailure] = list(failures or ())
         self.pulled = pulled
         self.exhausted = False
         # A checkpoint may be taken from another thread (an async checkpoint
@@ -223,6 +228,19 @@ class EpochStream:
             for tag in tags:
                 self._pending.pop(tag, None)
 
+    def skipped(self, tag: int | None, failure: SampleFailure) -> None:
+        """A sample was skipped: it is done with (a resume does not load it
+        again) and its failure is part of the epoch's state."""
+        with self.lock:
+            if self._samples and tag is not None:
+                self._pending.pop(tag, None)
+            self.failures.append(failure)
+
+    def indices_of(self, tags: list[int]) -> list[Any]:
+        """The indices of tags not yet delivered (for error messages)."""
+        with self.lock:
+            return [self._pending.get(tag) for tag in tags]
+
     def undelivered(self) -> list[Any]:
         """Indices taken from the sampler and not delivered, in the sampler's order."""
         return [*self._pending.values(), *self._carried, *self._buffer]
@@ -237,8 +255,14 @@ class IterableStream:
     loads and drops that many batches first (exact for deterministic streams).
     """
 
-    def __init__(self, batches: Iterator[Any], delivered: dict[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        batches: Iterator[Any],
+        delivered: dict[int, int] | None = None,
+        failures: list[SampleFailure] | None = None,
+    ) -> None:
         self._batches = batches
+        self.failures: list[SampleFailure] = list(failures or ())
         self.delivered_per_stream: dict[int, int] = dict(delivered or {})
         self._skips = dict(self.delivered_per_stream)
         self.ended = False
@@ -251,6 +275,15 @@ class IterableStream:
         with self.lock:
             for stream in streams:
                 self.delivered_per_stream[stream] = self.delivered_per_stream.get(stream, 0) + 1
+
+    def skipped(self, stream: int | None, failure: SampleFailure) -> None:
+        """An item was skipped; the batch it was drawn for counts as delivered
+        when it is (or, when every item of it was skipped, by the iterator)."""
+        with self.lock:
+            self.failures.append(failure)
+
+    def indices_of(self, tags: list[int]) -> list[Any]:
+        return [None for _ in tags]
 
     def take_skip(self, stream: int) -> int:
         """Batches the stream must drop before its first one this epoch (once)."""
@@ -275,9 +308,12 @@ class LoaderProgress:
         checkpointed epoch when a state was loaded."""
         resume, self._resume = self._resume, None
         batch_size = loader.batch_size or 1
+        failures = None
+        if resume is not None:
+            failures = [SampleFailure.from_state(f) for f in resume.get("failures", ())]
         if loader._dataset_kind == _DatasetKind.Iterable:
             delivered = None if resume is None else resume["delivered_per_stream"]
-            self._stream = IterableStream(sampler_iter, delivered)
+            self._stream = IterableStream(sampler_iter, delivered, failures)
             return self._stream
         if resume is None:
             stream = EpochStream(sampler_iter, samples=samples, batch_size=batch_size)
@@ -289,6 +325,7 @@ class LoaderProgress:
                 batch_size=batch_size,
                 carried=list(resume["undelivered"]),
                 pulled=resume["pulled"],
+                failures=failures,
             )
         self._stream, self._epoch_rng = stream, epoch_rng
         return stream
@@ -340,14 +377,19 @@ class LoaderProgress:
         return current.take_skip(stream) if isinstance(current, IterableStream) else 0
 
     def _epoch_state(self, loader: Any, stream: EpochStream | IterableStream) -> dict[str, Any]:
+        # Skipped samples, as plain values: counted against the budget after
+        # a resume, and (being done with) not loaded again.
+        failures = [failure.as_state() for failure in stream.failures]
         if isinstance(stream, IterableStream):
             return {
                 "mode": "streams",
                 "samples": False,
                 "streams": max(1, loader.num_workers),
                 "delivered_per_stream": dict(stream.delivered_per_stream),
+                "failures": failures,
             }
         epoch: dict[str, Any] = {
+            "failures": failures,
             "undelivered": stream.undelivered(),
             "pulled": stream.pulled,
             "samples": bool(stream._samples),

@@ -5,8 +5,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from minato._failures import SampleFailure
 
 logger = logging.getLogger("minato")
 
@@ -15,6 +19,8 @@ logger = logging.getLogger("minato")
 GIL_BOUND_SHARE = 0.5
 # ...and only once enough was loaded to judge.
 GIL_HINT_MIN_SAMPLES = 100
+# Skipped samples' records kept for stats(): the most recent ones (the count is exact).
+MAX_FAILURES_KEPT = 10_000
 # Engine figures that add up over the engines a loader has run.
 _SUMMED = ("gil_wait", "busy", "slow_samples")
 
@@ -32,6 +38,11 @@ class LoaderStats:
     """Batches delivered to the training loop."""
     slow_samples: int = 0
     """Samples that ran past the per-sample timeout and were flagged slow."""
+    skipped_samples: int = 0
+    """Samples left out because loading them raised (``on_error="skip"``)."""
+    failures: tuple[SampleFailure, ...] = ()
+    """The skipped samples (index, worker, exception type and message), in
+    the order reported; the most recent 10,000."""
     sample_timeout: float | None = None
     """The per-sample timeout now; None while warming up, when off, or for
     batch-level loading."""
@@ -76,7 +87,8 @@ class LoaderStats:
             f"minato: {self.batches} batches, {self.samples} samples ({self.rate:.0f}/s), "
             f"{self.workers} workers, starved {self.starved:.2f}s, "
             f"fetch p50 {_ms(self.fetch_p50)}, gil wait {self.gil_wait:.2f}s, "
-            f"slow {self.slow_samples}, ready queue {_share(self.queue_occupancy)}"
+            f"slow {self.slow_samples}, skipped {self.skipped_samples}, "
+            f"ready queue {_share(self.queue_occupancy)}"
         )
 
     def __str__(self) -> str:
@@ -94,6 +106,7 @@ class LoaderStats:
             ("ready-queue occupancy", _share(self.queue_occupancy)),
             ("slow samples", str(self.slow_samples)),
             ("sample timeout", _ms(self.sample_timeout)),
+            ("skipped samples", str(self.skipped_samples)),
         ]
         width = max(len(name) for name, _ in rows)
         lines = ["minato LoaderStats"] + [f"  {name:<{width}}  {value}" for name, value in rows]
@@ -141,6 +154,8 @@ class StatsRecorder:
         self._live: Any = None
         self._live_offset = 0.0
         self.gil_hint_given = False
+        self.skipped_samples = 0
+        self._failures: deque[SampleFailure] = deque(maxlen=MAX_FAILURES_KEPT)
         # The worker count the adaptive controller last settled on: the next
         # iterator (a new epoch without persistent workers) starts there.
         self.learned_workers: int | None = None
@@ -169,6 +184,12 @@ class StatsRecorder:
         self.batches += 1
         self.starved += waited
 
+    def skipped(self, failure: SampleFailure) -> None:
+        """A sample was skipped by the failure policy."""
+        with self._lock:
+            self.skipped_samples += 1
+            self._failures.append(failure)
+
     def snapshot(self) -> LoaderStats:
         with self._lock:
             live = self._live
@@ -177,6 +198,8 @@ class StatsRecorder:
             history = list(self._history)
             last = self._last
             started = self.started
+            skipped_samples = self.skipped_samples
+            failures = tuple(self._failures)
         if live is not None:
             figures = live.stats()
             _add(closed, history, figures, offset)
@@ -188,6 +211,8 @@ class StatsRecorder:
             samples=self.samples,
             batches=self.batches,
             slow_samples=closed["slow_samples"],
+            skipped_samples=skipped_samples,
+            failures=failures,
             sample_timeout=figures.get("sample_timeout"),
             workers=workers,
             worker_history=tuple(history),

@@ -3,9 +3,11 @@
 The Rust engine calls ``make_worker(worker_id)`` once on each worker thread
 and the returned ``run(epoch, index)`` for each task. ``run`` never raises
 for a dataset or collate error: it returns torch's ``ExceptionWrapper``, which
-the consumer re-raises in order, as torch does. Every result carries a tag
-(see minato._resume): the one its index came with for a map-style dataset,
-the worker's id (its stream) for an iterable one.
+the consumer re-raises in order, as torch does; with ``on_error="skip"`` a
+failing sample is left out and its `SampleFailure` handed back beside the
+batch (see minato._failures). Every result carries a tag (see
+minato._resume): the one its index came with for a map-style dataset, the
+worker's id (its stream) for an iterable one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import worker as _torch_worker
 
+from minato._failures import SampleFailure, Skipped, load_skipping, next_skipping
 from minato._thread_random import ThreadGenerator, bind_thread, thread_generators
 from minato._torch_threads import set_thread_worker_info
 from minato._worker_dataset import worker_dataset
@@ -48,11 +51,19 @@ class WorkerSpec:
     worker_init_fn: Callable[[int], None] | None
     # For an IterableDataset resumed mid-epoch: batches a worker's stream drops first.
     take_stream_skip: Callable[[int], int] = lambda _stream: 0
+    # on_error="skip": a failing sample is left out instead of failing its batch.
+    skip_errors: bool = False
 
 
-def _where(worker_id: int, index: object = None) -> str:
+def _where(worker_id: int, index: object = None, *, collating: bool = False) -> str:
     where = f"in DataLoader worker thread {worker_id}"
-    return where if index is None else f"{where} (sample index {index})"
+    if index is None:
+        return where
+    if collating:
+        what = "collating sample indices" if isinstance(index, list) else "collating sample index"
+    else:
+        what = "sample indices" if isinstance(index, list) else "sample index"
+    return f"{where} ({what} {index})"
 
 
 def _thread_rng(base_seed: int, worker_id: int) -> Any:
@@ -82,10 +93,12 @@ def worker_factory(
     """The `make_worker` the engine calls on each new worker thread.
 
     Its `run(epoch, (tag, index))` loads one batch (the index list torch's
-    batch sampler gave) and returns ``(tag, (sample count, collated batch))``
-    (for an iterable dataset `run(epoch, index)` returns ``(worker id, ...)``
-    or EXHAUSTED), or, with `samples`, loads a run of single samples
-    ``[(tag, index), ...]`` and returns them uncollated, ``[(tag, sample), ...]``.
+    batch sampler gave) and returns ``(tag, (sample count, collated batch,
+    skipped failures))`` (the batch None when every sample was skipped; for
+    an iterable dataset `run(epoch, index)` returns ``(worker id, ...)`` or
+    EXHAUSTED), or, with `samples`, loads a run of single samples
+    ``[(tag, index), ...]`` and returns them uncollated, ``[(tag, sample),
+    ...]``, a skipped one as its `Skipped` record.
     """
 
     def make_worker(worker_id: int) -> Callable[[int, Any], Any]:
@@ -150,7 +163,10 @@ def worker_factory(
             assert isinstance(fetcher, _MapFetcher)
             with own_generator:
                 samples = fetcher.fetch_samples([index for _, index in tagged])
-            return list(zip(tags, samples, strict=True))
+            return [
+                Skipped(tag, sample) if isinstance(sample, SampleFailure) else (tag, sample)
+                for tag, sample in zip(tags, samples, strict=True)
+            ]
 
         return run_samples if samples else run
 
@@ -162,11 +178,14 @@ class _MapFetcher:
         self.dataset = dataset
         self.auto_collation = spec.auto_collation
         self.collate_fn = spec.collate_fn
+        self.skip_errors = spec.skip_errors
         self.worker_id = worker_id
         getitems = getattr(dataset, "__getitems__", None)
         self.getitems = getitems if getitems else None
 
     def fetch(self, epoch: int, index: Any) -> Any:
+        if self.skip_errors:
+            return self._fetch_skipping(index)
         dataset = self.dataset
         if not self.auto_collation:
             try:
@@ -185,13 +204,27 @@ class _MapFetcher:
                     data.append(dataset[i])
                 except Exception:
                     return ExceptionWrapper(where=_where(self.worker_id, i))
+        return self._collate(data, index, [])
+
+    def _fetch_skipping(self, index: Any) -> Any:
+        indices = index if self.auto_collation else [index]
+        data, failures = load_skipping(self.dataset, self.getitems, indices, self.worker_id)
+        if not data:
+            return 0, None, failures
+        return self._collate(data if self.auto_collation else data[0], index, failures)
+
+    def _collate(self, data: Any, index: Any, failures: list[SampleFailure]) -> Any:
         try:
-            return sample_count(data, self.auto_collation), self.collate_fn(data)
+            batch = self.collate_fn(data)
         except Exception:
-            return ExceptionWrapper(where=_where(self.worker_id))
+            return ExceptionWrapper(where=_where(self.worker_id, index, collating=True))
+        return sample_count(data, self.auto_collation), batch, failures
 
     def fetch_samples(self, indices: list[Any]) -> list[Any]:
-        """Single samples, uncollated; a failing one becomes its ExceptionWrapper."""
+        """Single samples, uncollated; a failing one becomes its ExceptionWrapper
+        (its SampleFailure when skipping)."""
+        if self.skip_errors:
+            return [self._sample_skipping(index) for index in indices]
         if self.getitems is not None:
             try:
                 return list(self.getitems(indices))
@@ -205,6 +238,10 @@ class _MapFetcher:
             except Exception:
                 samples.append(ExceptionWrapper(where=_where(self.worker_id, i)))
         return samples
+
+    def _sample_skipping(self, index: Any) -> Any:
+        samples, failures = load_skipping(self.dataset, self.getitems, [index], self.worker_id)
+        return samples[0] if samples else failures[0]
 
 
 class _IterableFetcher:
@@ -233,6 +270,8 @@ class _IterableFetcher:
         spec = self.spec
         if self.ended:
             return EXHAUSTED
+        if spec.skip_errors:
+            return self._next_batch_skipping(index)
         try:
             if spec.auto_collation:
                 data = []
@@ -252,7 +291,23 @@ class _IterableFetcher:
                     return EXHAUSTED
         except Exception:
             return ExceptionWrapper(where=_where(self.worker_id))
+        return self._collate(data, [])
+
+    def _next_batch_skipping(self, index: Any) -> Any:
+        """A batch of the stream's next items that load: a failing item is
+        replaced by the one after it, so the batch keeps its size."""
+        spec = self.spec
+        wanted = len(index) if spec.auto_collation else 1
+        items, failures, self.ended = next_skipping(self.iterator, wanted, self.worker_id)
+        if not items or (spec.drop_last and len(items) < wanted):
+            # The failures still reach the loop; the stream's end comes next call.
+            self.ended = True
+            return (0, None, failures) if failures else EXHAUSTED
+        return self._collate(items if spec.auto_collation else items[0], failures)
+
+    def _collate(self, data: Any, failures: list[SampleFailure]) -> Any:
+        spec = self.spec
         try:
-            return sample_count(data, spec.auto_collation), spec.collate_fn(data)
+            return sample_count(data, spec.auto_collation), spec.collate_fn(data), failures
         except Exception:
             return ExceptionWrapper(where=_where(self.worker_id))

@@ -9,6 +9,7 @@ import torch.utils.data
 from torch.utils.data import Dataset, Sampler
 
 from minato._device import resolve_device
+from minato._failures import check_failure_options
 from minato._iterator import (
     _CallingThreadDataLoaderIter,
     _SampleDataLoaderIter,
@@ -85,6 +86,21 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       copy. A bare ``"cuda"`` is the local rank's GPU under torchrun. Without
       CUDA, a CUDA device raises ``RuntimeError`` here; ``"cpu"`` or None
       leaves batches in CPU memory.
+    - ``on_error`` (``"raise"``, the default, as torch; or ``"skip"``) and
+      ``max_failures`` (None, a count, or a float below 1: a fraction of the
+      epoch's samples): with ``"skip"`` a sample whose loading raises is left
+      out, logged once through the ``minato`` logger, and listed in
+      ``stats().failures`` and in ``state_dict()`` (a resumed epoch does not
+      load it again). When batches are built from single samples (the
+      default for a shuffling sampler), the batch is filled from the next
+      ready sample, so every batch keeps torch's size but the epoch's last,
+      which is shorter by the samples skipped (with ``drop_last`` a last
+      batch left short is dropped); an IterableDataset's worker fills it
+      from its stream's next items. Where a batch's indices are fixed (the
+      sampler's order kept, a ``batch_sampler``, ``num_workers=0``), it is
+      delivered without the samples skipped, and not at all when all were.
+      Once an epoch skipped more than ``max_failures``, ``next()`` raises
+      ``minato.TooManyFailures`` and the epoch ends.
 
     When batches are pinned (``pin_memory`` active, or ``device`` a GPU) and
     ``collate_fn`` is the default, tensors and numpy arrays of one shape and
@@ -124,7 +140,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         log_interval: float | None = None,
         device: str | int | torch.device | None = None,
         device_prefetch: int = 2,
+        on_error: str = "raise",
+        max_failures: int | float | None = None,
     ) -> None:
+        check_failure_options(on_error, max_failures)
         _check_minato_options(sample_timeout, sample_timeout_warmup, max_slow_samples)
         _check_adaptive_options(adaptive, max_workers, log_interval, num_workers)
         if isinstance(device_prefetch, bool) or not isinstance(device_prefetch, int):
@@ -170,6 +189,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.log_interval = log_interval
         self.device = device
         self.device_prefetch = device_prefetch
+        self.on_error = on_error
+        self.max_failures = max_failures
         self._stats_recorder = StatsRecorder()
         self._progress = LoaderProgress()
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 import torch.utils.data as tud
-from helpers import RangeDataset, UnshardedIterable
+from helpers import RangeDataset
+from torch._utils import ExceptionWrapper
 
 import minato
 
@@ -83,26 +85,91 @@ def test_collate_error_is_wrapped() -> None:
     def collate(items):
         raise TypeError("cannot collate")
 
-    with pytest.raises(TypeError, match="^Caught TypeError in DataLoader worker thread 0.\n"):
+    with pytest.raises(
+        TypeError,
+        match=r"^Caught TypeError in DataLoader worker thread 0 "
+        r"\(collating sample indices \[0, 1\]\).\n",
+    ):
         list(minato.DataLoader(RangeDataset(4), batch_size=2, num_workers=1, collate_fn=collate))
 
 
-def test_worker_init_fn_error_is_reported_like_torch() -> None:
-    def init(worker_id):
-        raise OSError("no such device")
+def test_collate_error_on_the_consumer_thread_names_the_indices() -> None:
+    # Reordering single samples, the batch is collated on the consumer's thread.
+    def collate(items):
+        raise TypeError("cannot collate")
 
-    with pytest.raises(OSError, match="Caught OSError in DataLoader worker thread 0.\n"):
-        list(minato.DataLoader(RangeDataset(4), batch_size=2, num_workers=1, worker_init_fn=init))
+    loader = minato.DataLoader(
+        RangeDataset(4), batch_size=2, num_workers=1, shuffle=True, collate_fn=collate
+    )
+    with pytest.raises(TypeError, match="^cannot collate") as raised:
+        list(loader)
+    assert any("collating sample indices [" in note for note in raised.value.__notes__)
 
 
-def test_iterable_dataset_error_is_wrapped() -> None:
-    class Broken(UnshardedIterable):
-        def __iter__(self):
-            yield 1
-            raise RuntimeError("stream broke")
+class WithKeywordOnly(Exception):
+    def __init__(self, *, path: str) -> None:
+        super().__init__(f"cannot read {path}")
 
-    with pytest.raises(RuntimeError, match="Caught RuntimeError in DataLoader worker thread 0"):
-        list(minato.DataLoader(Broken(), batch_size=4, num_workers=1))
+
+class NotAString(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str() fails")
+
+
+# Every way a loader runs its workers: single samples reordered, whole batches
+# in order, a user's batch_sampler, batches out of order.
+WORKER_PATHS = {
+    "samples": dict(batch_size=4, shuffle=True),
+    "in_order": dict(batch_size=4),
+    "batch_sampler": dict(batch_sampler=[[0, 1, 2, 3], [4, 5, 6, 7]]),
+    "out_of_order": dict(batch_size=4, in_order=False),
+    "unbatched": dict(batch_size=None),
+}
+
+
+@pytest.mark.parametrize("path", WORKER_PATHS)
+@pytest.mark.parametrize(
+    "make_error",
+    [
+        lambda: ValueError("bad"),
+        lambda: KeyError("k"),
+        lambda: NeedsTwoArgs(1, 2),
+        lambda: WithKeywordOnly(path="/x"),
+    ],
+    ids=["ValueError", "KeyError", "NeedsTwoArgs", "WithKeywordOnly"],
+)
+def test_every_worker_path_raises_torchs_type_naming_worker_and_sample(
+    path: str, make_error: Any
+) -> None:
+    error = make_error()
+    loader = minato.DataLoader(FailsAt(5, error, n=8), num_workers=1, **WORKER_PATHS[path])
+    with pytest.raises(Exception) as caught:
+        list(loader)
+    # What torch's worker processes raise: its ExceptionWrapper rebuilds the
+    # exception from a message, or raises RuntimeError where it cannot.
+    try:
+        raise make_error()
+    except Exception:
+        wrapper = ExceptionWrapper(where="in DataLoader worker process 0")
+    with pytest.raises(Exception) as torchs:
+        wrapper.reraise()
+    assert type(caught.value) is type(torchs.value)
+    message = str(caught.value)
+    del caught, loader  # the traceback holds the iterator and its threads
+    assert f"Caught {type(error).__name__} in DataLoader worker thread 0 (sample index" in message
+    assert "sample index 5)" in message or "sample indices [4, 5, 6, 7])" in message
+
+
+def test_an_exception_whose_str_fails_is_still_reported() -> None:
+    # Its message is formatted without str() (torch's ExceptionWrapper), and
+    # the rebuilt exception carries it in args, as torch's does.
+    loader = minato.DataLoader(FailsAt(1, NotAString(), n=4), batch_size=2, num_workers=1)
+    try:
+        list(loader)
+    except NotAString as error:
+        assert "Caught NotAString in DataLoader worker thread 0 (sample index 1)" in error.args[0]
+    else:
+        raise AssertionError("no exception")
 
 
 def test_timeout_raises_torchs_runtimeerror() -> None:

@@ -37,6 +37,8 @@ MINATO_OPTIONS = {
     "log_interval": None,
     "device": None,
     "device_prefetch": 2,
+    "on_error": "raise",
+    "max_failures": None,
 }
 
 
@@ -57,6 +59,8 @@ def test_minato_options_come_after_torchs_keyword_only_and_are_public_attributes
         log_interval=2.5,
         device="cpu",
         device_prefetch=3,
+        on_error="skip",
+        max_failures=5,
     )
     loader = minato.DataLoader(RangeDataset(), num_workers=2, **given)
     assert {name: getattr(loader, name) for name in given} == given

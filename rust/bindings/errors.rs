@@ -43,6 +43,9 @@ impl From<LoaderError> for PyErr {
         match err {
             // Nothing left to deliver this epoch: Python's end-of-iteration signal.
             LoaderError::Engine(EngineError::Idle) => PyStopIteration::new_err(()),
+            // Nothing to deliver until more is submitted: the iterator's loop
+            // refills on StopIteration (or closes the epoch) and asks again.
+            LoaderError::Engine(EngineError::Starved) => PyStopIteration::new_err(()),
             // torch raises RuntimeError for a dead or misbehaving worker too.
             LoaderError::Engine(other) => PyRuntimeError::new_err(other.to_string()),
             LoaderError::TimedOut { timeout } => {

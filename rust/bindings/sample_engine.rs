@@ -26,10 +26,11 @@ pub(crate) struct PySampleEngine {
 impl PySampleEngine {
     #[new]
     #[allow(clippy::too_many_arguments)] // one per keyword argument
-    #[pyo3(signature = (make_worker, *, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace, max_workers=None))]
+    #[pyo3(signature = (make_worker, *, skipped_type, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace, max_workers=None, drop_last=false))]
     fn new(
         py: Python<'_>,
         make_worker: Py<PyAny>,
+        skipped_type: Py<PyAny>,
         num_workers: usize,
         max_samples_in_flight: usize,
         max_batch_size: usize,
@@ -38,6 +39,7 @@ impl PySampleEngine {
         max_slow_in_flight: usize,
         shutdown_grace: f64,
         max_workers: Option<usize>,
+        drop_last: bool,
     ) -> PyResult<Self> {
         let sample_timeout = match sample_timeout {
             None => SampleTimeout::Off,
@@ -60,10 +62,12 @@ impl PySampleEngine {
             max_slow_in_flight,
             shutdown_grace: Duration::from_secs_f64(shutdown_grace.max(0.0)),
             adaptive: stats::adaptive(num_workers, max_workers),
+            drop_last,
         };
         let gil_wait = GilWait::default();
         let hooks = PythonSampleWorker {
             make_worker,
+            skipped_type,
             gil_wait: gil_wait.clone(),
         };
         let engine = py
@@ -135,6 +139,19 @@ impl PySampleEngine {
             .wait_next(py, timeout, |engine, wait| engine.recv(wait))?;
         let samples: Vec<Py<PyAny>> = samples.into_iter().collect::<PyResult<_>>()?;
         PyList::new(py, samples)
+    }
+
+    /// The epoch's last batch is submitted: samples skipped this epoch are
+    /// taken off its last batches.
+    fn close_epoch(&self, py: Python<'_>) {
+        self.engine.quick(py, |engine| engine.close_epoch());
+    }
+
+    /// The records of the samples skipped since the last call (this epoch's).
+    fn take_skipped<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let skipped = self.engine.quick(py, |engine| engine.take_skipped());
+        let skipped: Vec<Py<PyAny>> = skipped.into_iter().collect::<PyResult<_>>()?;
+        PyList::new(py, skipped)
     }
 
     /// Ends the epoch: drops its queued work and waits for running tasks.

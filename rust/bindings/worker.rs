@@ -4,7 +4,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use super::stats::GilWait;
-use crate::engine::{Outcome, WorkerHooks};
+use crate::engine::{Outcome, Sample, WorkerHooks};
 
 /// Runs a worker thread's whole life attached to the interpreter.
 ///
@@ -64,16 +64,18 @@ impl WorkerHooks for PythonWorker {
 }
 
 /// Runs `minato._worker`'s sample runner: `run(epoch, indices) -> samples`,
-/// one sample (or an ExceptionWrapper) per index.
+/// one sample (or an ExceptionWrapper, or a skipped sample's record) per index.
 pub(crate) struct PythonSampleWorker {
     /// `make_worker(worker_id) -> run`, called once on each worker thread.
     pub make_worker: Py<PyAny>,
+    /// The type of the records `run` returns for samples it skipped.
+    pub skipped_type: Py<PyAny>,
     pub gil_wait: GilWait,
 }
 
 impl WorkerHooks for PythonSampleWorker {
     type Payload = Vec<Py<PyAny>>;
-    type Output = Vec<PyResult<Py<PyAny>>>;
+    type Output = Vec<Sample<PyResult<Py<PyAny>>>>;
     type State = PyResult<Py<PyAny>>;
 
     fn enter_thread(&self, _worker_id: usize, body: &mut (dyn FnMut() + Send)) {
@@ -105,9 +107,21 @@ impl WorkerHooks for PythonSampleWorker {
                 });
             // Every index gets an output, so the batch accounting holds even
             // when the runner itself failed.
+            let skipped_type = self.skipped_type.bind(py);
             Outcome::Value(match samples {
-                Ok(samples) => samples.into_iter().map(Ok).collect(),
-                Err(err) => (0..count).map(|_| Err(err.clone_ref(py))).collect(),
+                Ok(samples) => samples
+                    .into_iter()
+                    .map(|sample| {
+                        if sample.bind(py).is_instance(skipped_type).unwrap_or(false) {
+                            Sample::Skipped(Ok(sample))
+                        } else {
+                            Sample::Loaded(Ok(sample))
+                        }
+                    })
+                    .collect(),
+                Err(err) => (0..count)
+                    .map(|_| Sample::Loaded(Err(err.clone_ref(py))))
+                    .collect(),
             })
         })
     }

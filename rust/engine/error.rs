@@ -8,6 +8,9 @@ pub enum EngineError {
     /// No task of the current epoch is outstanding: every submitted task has
     /// been delivered (or skipped), so there is nothing to wait for.
     Idle,
+    /// The next batch needs samples not yet submitted: skipped samples left
+    /// it short. Submit more, or close the epoch (`SampleEngine::close_epoch`).
+    Starved,
     /// The wait given to `recv` elapsed before the next output was ready.
     WaitElapsed,
     /// `submit` was called with `max_in_flight` tasks already outstanding.
@@ -30,6 +33,7 @@ impl fmt::Display for EngineError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Idle => write!(f, "no task is outstanding"),
+            Self::Starved => write!(f, "the next batch needs more samples than were submitted"),
             Self::WaitElapsed => write!(f, "no result arrived within the wait"),
             Self::Full => write!(f, "the in-flight bound is reached"),
             Self::BatchTooLarge { size, max } => {

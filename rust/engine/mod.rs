@@ -32,7 +32,7 @@ pub use sample_timeout::SampleTimeout;
 pub use scheduler::{Engine, EngineConfig};
 pub use sequencer::Order;
 pub use stats::EngineStats;
-pub use task::Outcome;
+pub use task::{Outcome, Sample};
 
 #[cfg(test)]
 mod tests;

@@ -17,7 +17,7 @@ use super::pool::WorkerHooks;
 use super::sample_timeout::{SampleTimeout, TimeoutEstimator};
 use super::scheduler::FETCH_WINDOW;
 use super::stats::EngineStats;
-use super::task::{Done, Finished, Outcome};
+use super::task::{Done, Finished, Outcome, Sample};
 use super::workers::Workers;
 
 /// How a sample engine is set up.
@@ -38,6 +38,9 @@ pub struct SampleEngineConfig {
     pub shutdown_grace: Duration,
     /// Resize the pool while running.
     pub adaptive: Option<ControllerConfig>,
+    /// When skipped samples leave the epoch's last batch short, drop it (the
+    /// loader's drop_last: every batch is full) instead of delivering it short.
+    pub drop_last: bool,
 }
 
 /// A task should take at least this long, so that the per-task cost
@@ -49,10 +52,12 @@ const MAX_RUN: usize = 64;
 
 /// Runs one sample task per run of indices and hands back whole batches.
 ///
-/// `W::run` gets a run of sample payloads and returns one output per payload.
+/// `W::run` gets a run of sample payloads and returns one output per
+/// payload: a sample, or a skipped sample's record (the failure policy),
+/// handed over by `take_skipped`.
 pub struct SampleEngine<P, S, W>
 where
-    W: WorkerHooks<Payload = Vec<P>, Output = Vec<S>>,
+    W: WorkerHooks<Payload = Vec<P>, Output = Vec<Sample<S>>>,
 {
     workers: Workers<W>,
     assembler: Assembler<S>,
@@ -73,7 +78,7 @@ where
 
 impl<P, S, W> SampleEngine<P, S, W>
 where
-    W: WorkerHooks<Payload = Vec<P>, Output = Vec<S>>,
+    W: WorkerHooks<Payload = Vec<P>, Output = Vec<Sample<S>>>,
 {
     pub fn start(config: SampleEngineConfig, hooks: W) -> Result<Self, EngineError> {
         let max_batch_size = config.max_batch_size.max(1);
@@ -96,7 +101,7 @@ where
         )?;
         Ok(SampleEngine {
             workers,
-            assembler: Assembler::new(),
+            assembler: Assembler::new(config.drop_last),
             timeout,
             shared_timeout,
             fetch_times: FetchTimes::new(FETCH_WINDOW),
@@ -135,10 +140,23 @@ where
     }
 
     /// Whether another batch (of at most `max_batch_size`) fits under the
-    /// in-flight bound now.
+    /// in-flight bound now, or is needed to fill a batch skipped samples
+    /// left short.
     pub fn can_submit(&self) -> bool {
         !self.workers.is_shut_down()
-            && self.assembler.samples_in_flight() + self.max_batch_size <= self.bound
+            && (self.assembler.samples_in_flight() + self.max_batch_size <= self.bound
+                || self.assembler.starved())
+    }
+
+    /// The consumer has submitted the epoch's last batch: the samples
+    /// skipped this epoch are taken off its last batches (see `Assembler`).
+    pub fn close_epoch(&mut self) {
+        self.assembler.close();
+    }
+
+    /// The records of the samples skipped since the last call, this epoch.
+    pub fn take_skipped(&mut self) -> Vec<S> {
+        self.assembler.take_skipped()
     }
 
     /// Batches of this epoch submitted and not yet delivered.
@@ -205,12 +223,15 @@ where
             if self.assembler.pending_batches() == 0 {
                 return Err(EngineError::Idle);
             }
+            if self.assembler.starved() {
+                return Err(EngineError::Starved);
+            }
             let done = self.workers.recv(wait)?;
             self.accept(done);
         }
     }
 
-    fn accept(&mut self, done: Done<Vec<S>>) {
+    fn accept(&mut self, done: Done<Vec<Sample<S>>>) {
         if done.epoch != self.workers.epoch() {
             return;
         }
@@ -243,7 +264,7 @@ where
 
 impl<P, S, W> Lifecycle for SampleEngine<P, S, W>
 where
-    W: WorkerHooks<Payload = Vec<P>, Output = Vec<S>>,
+    W: WorkerHooks<Payload = Vec<P>, Output = Vec<Sample<S>>>,
 {
     fn new_epoch(&mut self) -> Result<(), EngineError> {
         self.workers.end_epoch()?;
@@ -262,7 +283,7 @@ where
 
 impl<P, S, W> Drop for SampleEngine<P, S, W>
 where
-    W: WorkerHooks<Payload = Vec<P>, Output = Vec<S>>,
+    W: WorkerHooks<Payload = Vec<P>, Output = Vec<Sample<S>>>,
 {
     fn drop(&mut self) {
         self.shutdown_with_default_grace();

@@ -25,6 +25,17 @@ pub enum Outcome<R> {
     Exhausted,
 }
 
+/// One sample of a sample task, as its worker hands it back.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Sample<S> {
+    /// Goes into a batch.
+    Loaded(S),
+    /// Its loading failed and the failure policy skips it: it goes into no
+    /// batch, and the batch it was planned for is filled from later samples.
+    /// The value (the failure's record) is handed to the consumer on its own.
+    Skipped(S),
+}
+
 /// A finished task as the consumer receives it.
 pub(crate) struct Done<R> {
     pub seq: u64,

@@ -365,14 +365,18 @@ proptest! {
 }
 
 /// Sample-level test hooks: each payload item sleeps its duration and
-/// returns its value; threads alive inside are counted.
+/// returns its value (or, for a duration of `SKIP`, skips it); threads
+/// alive inside are counted.
 struct SampleHooks {
     inside: Arc<AtomicUsize>,
 }
 
+/// The duration that makes a test sample skipped.
+const SKIP: u64 = u64::MAX;
+
 impl WorkerHooks for SampleHooks {
     type Payload = Vec<(u64, u64)>;
-    type Output = Vec<u64>;
+    type Output = Vec<Sample<u64>>;
     type State = ();
 
     fn enter_thread(&self, _worker_id: usize, body: &mut (dyn FnMut() + Send)) {
@@ -383,12 +387,15 @@ impl WorkerHooks for SampleHooks {
 
     fn init(&self, _worker_id: usize) {}
 
-    fn run(&self, _state: &mut (), _epoch: u64, run: Vec<(u64, u64)>) -> Outcome<Vec<u64>> {
+    fn run(&self, _state: &mut (), _epoch: u64, run: Vec<(u64, u64)>) -> Outcome<Vec<Sample<u64>>> {
         Outcome::Value(
             run.into_iter()
                 .map(|(value, sleep_us)| {
+                    if sleep_us == SKIP {
+                        return Sample::Skipped(value);
+                    }
                     thread::sleep(Duration::from_micros(sleep_us));
-                    value
+                    Sample::Loaded(value)
                 })
                 .collect(),
         )
@@ -412,6 +419,7 @@ fn start_samples(
         max_slow_in_flight,
         shutdown_grace: Duration::from_secs(10),
         adaptive: None,
+        drop_last: false,
     };
     let engine = Samples::start(
         config,
@@ -426,9 +434,20 @@ fn start_samples(
 /// Submits `sizes` batches of consecutive values with `sleeps`, keeping the
 /// engine full, and returns the batches delivered.
 fn run_batches(engine: &mut Samples, sizes: &[usize], sleeps: &[u64]) -> Vec<Vec<u64>> {
+    run_batches_skipping(engine, sizes, sleeps).0
+}
+
+/// `run_batches`, closing the epoch once every batch is submitted (as the
+/// Python iterator does), and also returning the skipped samples.
+fn run_batches_skipping(
+    engine: &mut Samples,
+    sizes: &[usize],
+    sleeps: &[u64],
+) -> (Vec<Vec<u64>>, Vec<u64>) {
     let mut next_value = 0u64;
     let mut batches = sizes.iter();
     let mut out = Vec::new();
+    let mut skipped = Vec::new();
     let mut more = true;
     loop {
         while more && engine.can_submit() {
@@ -440,16 +459,44 @@ fn run_batches(engine: &mut Samples, sizes: &[usize], sleeps: &[u64]) -> Vec<Vec
                     next_value += size as u64;
                     engine.submit(batch).unwrap();
                 }
-                None => more = false,
+                None => {
+                    more = false;
+                    engine.close_epoch();
+                }
             }
         }
-        match engine.recv(WAIT) {
+        let received = engine.recv(WAIT);
+        skipped.extend(engine.take_skipped());
+        match received {
             Ok(batch) => out.push(batch),
-            Err(EngineError::Idle) if !more => return out,
-            Err(EngineError::Idle) => {}
+            Err(EngineError::Idle) if !more => return (out, skipped),
+            Err(EngineError::Idle | EngineError::Starved) => {}
             Err(other) => panic!("unexpected {other:?}"),
         }
     }
+}
+
+/// The batch sizes a skipping epoch delivers: the planned ones, less the
+/// skipped samples taken off the last batches; with drop_last a batch left
+/// short is dropped.
+fn sizes_after_skipping(planned: &[usize], skipped: usize, drop_last: bool) -> Vec<usize> {
+    let mut sizes = planned.to_vec();
+    let mut shortfall = skipped;
+    let mut cut_short = false;
+    while shortfall > 0 {
+        let Some(last) = sizes.last_mut() else { break };
+        let cut = shortfall.min(*last);
+        *last -= cut;
+        shortfall -= cut;
+        cut_short = *last > 0;
+        if *last == 0 {
+            sizes.pop();
+        }
+    }
+    if cut_short && drop_last {
+        sizes.pop();
+    }
+    sizes
 }
 
 #[test]
@@ -535,6 +582,62 @@ proptest! {
         values.sort_unstable();
         prop_assert_eq!(values, (0..sizes.iter().sum::<usize>() as u64).collect::<Vec<_>>());
         prop_assert!(engine.num_workers() <= workers + max_slow);
+        drop(engine);
+        prop_assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    /// Skipped samples, wherever they fall: every loaded sample is delivered
+    /// and every skipped one handed over, exactly once (bar the samples of a
+    /// last batch dropped short under drop_last), and the batches keep the
+    /// planned sizes except at the epoch's end.
+    #[test]
+    fn skipped_samples_are_made_up_by_later_ones(
+        pattern in prop::collection::vec(prop::sample::select(vec![0u64, 0, 0, 300, SKIP]), 1..20),
+        sizes in prop::collection::vec(1usize..9, 0..12),
+        workers in 1usize..4,
+        batches_in_flight in 1usize..4,
+        drop_last in any::<bool>(),
+    ) {
+        let inside = Arc::new(AtomicUsize::new(0));
+        let config = SampleEngineConfig {
+            num_workers: workers,
+            max_samples_in_flight: batches_in_flight * 8,
+            max_batch_size: 8,
+            sample_timeout: SampleTimeout::Off,
+            max_slow_in_flight: 0,
+            shutdown_grace: Duration::from_secs(10),
+            adaptive: None,
+            drop_last,
+        };
+        let mut engine = Samples::start(config, SampleHooks { inside: inside.clone() }).unwrap();
+        let (batches, mut skipped) = run_batches_skipping(&mut engine, &sizes, &pattern);
+        let total = sizes.iter().sum::<usize>() as u64;
+        let expected_skipped: Vec<u64> =
+            (0..total).filter(|v| pattern[*v as usize % pattern.len()] == SKIP).collect();
+        skipped.sort_unstable();
+        prop_assert_eq!(
+            batches.iter().map(Vec::len).collect::<Vec<_>>(),
+            sizes_after_skipping(&sizes, skipped.len(), drop_last)
+        );
+        let mut values: Vec<u64> = batches.into_iter().flatten().collect();
+        values.sort_unstable();
+        let loaded: Vec<u64> = (0..total).filter(|v| !expected_skipped.contains(v)).collect();
+        if drop_last {
+            // The samples of a batch dropped short are not waited for: they
+            // are neither delivered nor, when they fail, reported.
+            prop_assert!(values.iter().all(|v| loaded.contains(v)));
+            prop_assert!(skipped.iter().all(|v| expected_skipped.contains(v)));
+            prop_assert!(values.windows(2).all(|pair| pair[0] < pair[1]));
+            prop_assert!(skipped.windows(2).all(|pair| pair[0] < pair[1]));
+            prop_assert!(total as usize - values.len() - skipped.len() < 8);
+        } else {
+            prop_assert_eq!(&skipped, &expected_skipped);
+            prop_assert_eq!(values, loaded);
+        }
         drop(engine);
         prop_assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
     }
