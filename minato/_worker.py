@@ -24,8 +24,8 @@ from torch.utils.data._utils import worker as _torch_worker
 
 from minato._failures import SampleFailure, Skipped, load_skipping, next_skipping
 from minato._thread_random import ThreadGenerator, bind_thread, thread_generators
-from minato._torch_threads import set_thread_worker_info
 from minato._worker_dataset import worker_dataset
+from minato._worker_info import set_thread_worker_info
 
 # Returned by `run` when an iterable dataset's worker has no more data.
 EXHAUSTED = object()
