@@ -38,8 +38,11 @@ LOADERS = [
 
 def fixed_pool(loader_type: Any) -> dict[str, Any]:
     """Options for comparing worker ids with torch: minato's adaptive pool
-    would add threads (with new ids) on a loop waiting for data."""
-    return {"adaptive": False} if loader_type is minato.DataLoader else {}
+    would add threads (with new ids) on a loop waiting for data, and so would
+    replacements for samples flagged slow on a loaded machine."""
+    if loader_type is minato.DataLoader:
+        return {"adaptive": False, "max_slow_samples": 0}
+    return {}
 
 
 def as_ints(batches: Any) -> list[int]:
