@@ -39,9 +39,11 @@ if TYPE_CHECKING:
 # waits for a worker still inside the dataset's code before leaving it to
 # finish that call and exit on its own. Idle workers leave at once.
 SHUTDOWN_GRACE_S = 1.0
-# At interpreter exit, workers get longer: one still running Python code when
-# the interpreter finalizes would be killed in the middle of it.
-EXIT_GRACE_S = 10.0
+# At interpreter exit, the time all loaders' workers get in all to finish the
+# dataset's code they are in. One still in it after that blocks for good at
+# its next GIL take while the process exits, as CPython 3.14 blocks a daemon
+# thread (rust/thread_exit.rs); torch terminates its worker processes at once.
+EXIT_GRACE_S = 0.5
 
 # How often a running loader checks whether its workers wait on the GIL.
 GIL_CHECK_INTERVAL_S = 1.0
@@ -51,8 +53,9 @@ _live_iterators: weakref.WeakSet[_ThreadDataLoaderIter] = weakref.WeakSet()
 
 @atexit.register
 def _shut_down_all_at_exit() -> None:
+    deadline = time.monotonic() + EXIT_GRACE_S
     for iterator in list(_live_iterators):
-        iterator._shutdown(EXIT_GRACE_S)
+        iterator._shutdown(max(0.0, deadline - time.monotonic()))
 
 
 class _Delivery(DeviceStage):

@@ -4,6 +4,7 @@
 pub mod collate;
 pub mod engine;
 pub mod io;
+pub mod thread_exit;
 
 #[cfg(feature = "python")]
 mod bindings;

@@ -4,6 +4,7 @@
 
 use pyo3::prelude::*;
 
+use super::detach;
 use crate::collate::stack_into;
 
 /// Copies `samples` — (address, byte length) of contiguous CPU buffers —
@@ -20,7 +21,7 @@ fn _stack_into(
     out: usize,
     out_len: usize,
 ) -> PyResult<()> {
-    py.detach(|| {
+    detach(py, || {
         let parts: Vec<&[u8]> = samples
             .iter()
             .map(|&(address, len)| {

@@ -5,6 +5,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use super::detach;
 use super::errors::LoaderError;
 use super::locked::Locked;
 use super::stats::{self, GilWait};
@@ -56,9 +57,7 @@ impl PyEngine {
             exhausted,
             gil_wait: gil_wait.clone(),
         };
-        let engine = py
-            .detach(|| Engine::start(config, hooks))
-            .map_err(LoaderError::from)?;
+        let engine = detach(py, || Engine::start(config, hooks)).map_err(LoaderError::from)?;
         Ok(PyEngine {
             engine: Locked::new(engine),
             gil_wait,

@@ -8,6 +8,7 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
+use super::detach;
 use super::io_source::{Source, SourceBytes};
 use crate::io::{self, DecodeError, MemberData, NpyHeader, NpzOptions};
 
@@ -54,7 +55,7 @@ fn _load_npy<'py>(
     py: Python<'py>,
     data: Source,
 ) -> PyResult<(Option<OwnedBytes<'py>>, usize, HeaderTuple<'py>)> {
-    let (read, header) = py.detach(|| -> Result<_, DecodeError> {
+    let (read, header) = detach(py, || -> Result<_, DecodeError> {
         let bytes = data.bytes()?;
         let header = io::parse_npy(&bytes)?;
         Ok((read_from_path(bytes), header))
@@ -78,7 +79,7 @@ fn _load_npz<'py>(
         max_bytes,
         check_crc,
     };
-    let (read, members) = py.detach(|| -> Result<_, DecodeError> {
+    let (read, members) = detach(py, || -> Result<_, DecodeError> {
         let bytes = data.bytes()?;
         let members = io::parse_npz(&bytes, &options)?;
         Ok((read_from_path(bytes), members))

@@ -7,6 +7,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use super::detach;
 use super::io_source::Source;
 use crate::io::{self, DecodeError, ImageOptions, Mode};
 
@@ -30,7 +31,7 @@ fn _decode_image<'py>(
     max_pixels: u64,
 ) -> PyResult<Bound<'py, PyArray3<u8>>> {
     let options = options(size, mode, max_pixels)?;
-    let decoded = py.detach(|| io::decode_image(&data.bytes()?, &options))?;
+    let decoded = detach(py, || io::decode_image(&data.bytes()?, &options))?;
     let shape = (decoded.height, decoded.width, decoded.channels);
     let array = Array3::from_shape_vec(shape, decoded.data)
         .map_err(|err| PyValueError::new_err(err.to_string()))?;
@@ -58,7 +59,7 @@ fn _decode_images_into(
         .into());
     }
     let (ptr, len) = (out.buf_ptr() as usize, out.len_bytes());
-    py.detach(|| {
+    detach(py, || {
         let out: &mut [u8] = if len == 0 {
             &mut []
         } else {

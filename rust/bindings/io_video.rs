@@ -6,6 +6,8 @@ use numpy::PyArray4;
 use pyo3::prelude::*;
 
 #[cfg(feature = "video")]
+use super::detach;
+#[cfg(feature = "video")]
 use super::io_source::Source;
 
 /// Decodes `num_frames` frames from index `start`, every `stride`-th, to a
@@ -37,7 +39,7 @@ fn _decode_video<'py>(
         size,
         max_pixels: max_pixels.unwrap_or(io::DEFAULT_MAX_VIDEO_PIXELS),
     };
-    let decoded = py.detach(|| {
+    let decoded = detach(py, || {
         // A path goes to FFmpeg as a path: it reads the file as it decodes.
         let source = match &data {
             Source::Bytes(bytes) => VideoSource::Bytes(bytes),

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
+use super::detach;
 use super::errors::LoaderError;
 use crate::engine::{EngineError, Lifecycle};
 
@@ -34,14 +35,13 @@ impl<E: Lifecycle + Send> Locked<E> {
 
     /// Ends the epoch with the GIL released: running tasks need it to finish.
     pub fn new_epoch(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.lock().new_epoch())
-            .map_err(|err| LoaderError::from(err).into())
+        detach(py, || self.lock().new_epoch()).map_err(|err| LoaderError::from(err).into())
     }
 
     /// Stops the workers with the GIL released (see [`Lifecycle::shutdown`]).
     pub fn shutdown(&self, py: Python<'_>, grace: f64) -> usize {
         let grace = Duration::from_secs_f64(grace.max(0.0));
-        py.detach(|| self.lock().shutdown(grace))
+        detach(py, || self.lock().shutdown(grace))
     }
 
     /// Runs a short, non-blocking `op` on the engine. When the lock is free
@@ -51,7 +51,7 @@ impl<E: Lifecycle + Send> Locked<E> {
         match self.inner.try_lock() {
             Ok(mut engine) => op(&mut engine),
             Err(TryLockError::Poisoned(poisoned)) => op(&mut poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) => py.detach(|| op(&mut self.lock())),
+            Err(TryLockError::WouldBlock) => detach(py, || op(&mut self.lock())),
         }
     }
 
@@ -77,7 +77,7 @@ impl<E: Lifecycle + Send> Locked<E> {
                     .saturating_duration_since(Instant::now())
                     .min(SIGNAL_CHECK_INTERVAL)
             });
-            match py.detach(|| recv(&mut self.lock(), wait)) {
+            match detach(py, || recv(&mut self.lock(), wait)) {
                 Err(EngineError::WaitElapsed) => {
                     if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                         let timeout = timeout.str()?.to_string();
@@ -99,6 +99,6 @@ impl<E: Lifecycle + Send> Drop for Locked<E> {
             .inner
             .get_mut()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        Python::attach(|py| py.detach(|| engine.shutdown_with_default_grace()));
+        Python::attach(|py| detach(py, || engine.shutdown_with_default_grace()));
     }
 }

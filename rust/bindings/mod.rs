@@ -13,7 +13,22 @@ mod sample_engine;
 mod stats;
 mod worker;
 
+use pyo3::marker::Ungil;
 use pyo3::prelude::*;
+
+use crate::thread_exit::hang_on_thread_exit;
+
+/// `py.detach(f)`, as every binding releases the GIL. A thread that wants it
+/// back once the interpreter finalizes (a daemon thread waiting on a loader,
+/// or decoding, at exit) blocks there instead of being unwound through these
+/// frames, which would abort the process (see `crate::thread_exit`).
+pub(crate) fn detach<T, F>(py: Python<'_>, f: F) -> T
+where
+    F: Ungil + FnOnce() -> T,
+    T: Ungil,
+{
+    hang_on_thread_exit(|| py.detach(f))
+}
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngine>()?;

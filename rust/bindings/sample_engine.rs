@@ -6,6 +6,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use super::detach;
 use super::errors::LoaderError;
 use super::locked::Locked;
 use super::stats::{self, GilWait};
@@ -70,9 +71,7 @@ impl PySampleEngine {
             skipped_type,
             gil_wait: gil_wait.clone(),
         };
-        let engine = py
-            .detach(|| Engine::start(config, hooks))
-            .map_err(LoaderError::from)?;
+        let engine = detach(py, || Engine::start(config, hooks)).map_err(LoaderError::from)?;
         Ok(PySampleEngine {
             engine: Locked::new(engine),
             gil_wait,
