@@ -15,11 +15,11 @@ the pool at its final size and the last.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import torch.utils.data as tud
+from soak import map_count, rss_mib, thread_count
 
 import minato
 
@@ -35,23 +35,6 @@ class Small(tud.Dataset):
         if i == 0 and self.slow_s:
             time.sleep(self.slow_s)
         return i
-
-
-def memory_maps() -> int:
-    with open("/proc/self/maps") as maps:
-        return sum(1 for _ in maps)
-
-
-def rss_mib() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def threads() -> int:
-    return len(os.listdir("/proc/self/task"))
 
 
 def main() -> int:
@@ -92,7 +75,7 @@ def main() -> int:
             print(f"epoch {epoch}: wrong samples delivered", file=sys.stderr)
             return 1
         if epoch % args.report_every == 0 or epoch == args.warmup:
-            row = (epoch, time.perf_counter() - started, memory_maps(), rss_mib(), threads())
+            row = (epoch, time.perf_counter() - started, map_count(), rss_mib(), thread_count())
             rows.append(row)
             print(
                 f"{row[0]:>7} {row[1]:>8.1f} {row[2]:>6} {row[3]:>8.1f} {row[4]:>7} "

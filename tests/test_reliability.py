@@ -1,5 +1,5 @@
 """Faults a days-long training run meets: a loader must neither leak, hang
-nor deadlock (issue 14, in progress)."""
+nor deadlock (issue 14)."""
 
 from __future__ import annotations
 
