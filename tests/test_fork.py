@@ -12,6 +12,7 @@ test instead of stalling it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import io
 import multiprocessing
 import os
@@ -181,7 +182,9 @@ def assert_equal_batches(got: list[Any], expected: list[Any]) -> None:
             assert torch.equal(ours, theirs)
 
 
-FORK_WORKERS = dict(num_workers=2, multiprocessing_context="fork", timeout=TORCH_TIMEOUT_S)
+FORK_WORKERS: dict[str, Any] = dict(
+    num_workers=2, multiprocessing_context="fork", timeout=TORCH_TIMEOUT_S
+)
 
 
 @pytest.mark.parametrize(
@@ -252,9 +255,9 @@ def test_a_loader_used_between_epochs_in_a_fork_child(persistent: bool) -> None:
     minato: the child starts worker threads of its own."""
     results = {}
     for kind in (tud.DataLoader, minato.DataLoader):
-        loader = kind(Squares(), batch_size=4, num_workers=2, persistent_workers=persistent)
+        loader: Any = kind(Squares(), batch_size=4, num_workers=2, persistent_workers=persistent)
         first = lists(loader)
-        child = in_fork_child(lambda loader=loader: lists(loader))
+        child = in_fork_child(functools.partial(lists, loader))
         parent_next = lists(loader)
         results[kind] = (first, child, parent_next)
     epoch = [EPOCH[i : i + 4] for i in range(0, 48, 4)]
@@ -285,13 +288,20 @@ def test_an_iterator_inherited_mid_epoch_goes_on_in_the_child(persistent: bool) 
     assert lists(loader) == [EPOCH[i : i + 4] for i in range(0, 48, 4)]
 
 
-def test_a_reordering_iterator_inherited_mid_epoch_delivers_the_rest_once() -> None:
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+def test_a_reordering_iterator_inherited_mid_epoch_delivers_the_rest_once(
+    persistent: bool,
+) -> None:
     """Batches built from whichever samples are ready first (shuffle): the
     child gets exactly the samples the parent had not delivered at the
     fork, each once, as does the parent."""
     torch.manual_seed(0)
     loader = minato.DataLoader(
-        Squares(delay=0.005), batch_size=4, shuffle=True, num_workers=3, persistent_workers=True
+        Squares(delay=0.005),
+        batch_size=4,
+        shuffle=True,
+        num_workers=3,
+        persistent_workers=persistent,
     )
     it = iter(loader)
     head = lists(next(it) for _ in range(4))
@@ -406,7 +416,7 @@ def test_locks_held_by_parent_threads_at_the_fork_do_not_block_the_child() -> No
             return super().__getitem__(index)
 
     loader = minato.DataLoader(Gated(), batch_size=4, num_workers=2, persistent_workers=True)
-    it = iter(loader)
+    it: Any = iter(loader)
     head = lists([next(it)])
     waiting: list[Any] = []
     waiter = threading.Thread(target=lambda: waiting.append(next(it).tolist()))
