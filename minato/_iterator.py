@@ -483,7 +483,11 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             return
         loader = self._loader()
         if loader is None or isinstance(self._epoch, IterableStream):
-            what = "its loader is gone" if loader is None else "its dataset's streams are there"
+            what = (
+                "its DataLoader is gone"
+                if loader is None
+                else "an IterableDataset's streams were in those threads"
+            )
             raise RuntimeError(
                 "this DataLoader iterator was in the middle of an epoch when the process "
                 "forked; its worker threads stayed in the parent process, and it cannot "

@@ -346,6 +346,24 @@ def test_an_iterable_dataset_epoch_cannot_go_on_in_the_child() -> None:
     assert samples_of(lists(loader)) == EPOCH
 
 
+def test_a_persistent_iterator_whose_loader_is_gone_cannot_go_on_in_the_child() -> None:
+    """A persistent iterator holds its loader weakly (the loader holds it):
+    kept alone and forked mid-epoch, it has nothing to start workers from."""
+    it = iter(minato.DataLoader(Squares(), batch_size=4, num_workers=2, persistent_workers=True))
+    head = lists(next(it) for _ in range(2))
+
+    def go_on() -> str:
+        try:
+            next(it)
+        except RuntimeError as error:
+            return str(error)
+        return "no error"
+
+    message = in_fork_child(go_on)
+    assert "DataLoader is gone" in message and "iter()" in message
+    assert head + lists(it) == [EPOCH[i : i + 4] for i in range(0, 48, 4)]
+
+
 def test_an_iterator_past_its_epoch_stays_ended_in_the_child() -> None:
     loader = minato.DataLoader(Squares(), batch_size=4, num_workers=2, persistent_workers=True)
     it = iter(loader)

@@ -17,9 +17,9 @@ const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 /// An engine shared by the Python threads that hold its handle.
 ///
 /// In a fork child the engine is refused (`LoaderError::Forked`) before its
-/// lock is touched, and never dropped: its worker threads, and any lock one
-/// of the parent's threads held at the fork, are not in the child, so
-/// locking, joining or closing its channels could wait forever.
+/// lock is touched, and never dropped: its worker threads are not in the
+/// child, and a lock one of the parent's threads held at the fork stays held
+/// there for good, so locking, joining or closing its channels could hang.
 pub(crate) struct Locked<E: Lifecycle + Send> {
     inner: ManuallyDrop<Mutex<E>>,
     /// The process whose threads run the engine.
