@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import atexit
+import os
 import time
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torch._utils import ExceptionWrapper
@@ -56,6 +58,17 @@ def _shut_down_all_at_exit() -> None:
     deadline = time.monotonic() + EXIT_GRACE_S
     for iterator in list(_live_iterators):
         iterator._shutdown(max(0.0, deadline - time.monotonic()))
+
+
+def _leave_workers_in_parent() -> None:
+    """After ``os.fork``, in the child: every live iterator's worker threads
+    stayed in the parent (see ``_ThreadDataLoaderIter._forked``)."""
+    for iterator in list(_live_iterators):
+        iterator._forked()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_leave_workers_in_parent)
 
 
 class _Delivery(DeviceStage):
@@ -269,7 +282,16 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
     def __init__(self, loader: DataLoader, *, in_order: bool = True) -> None:
         self._in_order = in_order
         self._engine: Engine | SampleEngine | None = None
+        # Set in a fork child whose parent ran this iterator's workers.
+        self._workers_in_parent = False
         super().__init__(loader)
+        # The loader, to start workers again in a fork child. A persistent
+        # iterator is held by its loader: a strong reference back would make
+        # a cycle that only the garbage collector frees, workers running
+        # until it does.
+        self._loader: Callable[[], DataLoader | None] = (
+            weakref.ref(loader) if self._persistent_workers else lambda: loader
+        )
         self._init_delivery(loader)
         self._reset(loader, first_iter=True)
 
@@ -349,7 +371,8 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         self._begin_epoch(loader, epoch_rng, samples=self._samples_reordered())
         if self._engine is None:
             # First epoch, or a persistent iterator whose workers were stopped
-            # (Ctrl-C in a notebook): start them.
+            # (Ctrl-C in a notebook) or are in the parent of a fork: start them.
+            self._workers_in_parent = False
             self._engine = self._start_engine(loader)
             self._recorder.engine_started(self._engine)
             _live_iterators.add(self)
@@ -383,6 +406,8 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
     def _next_host_data(self) -> HostBatch:
         if self._over_budget:
             self._end_epoch_early()
+        if self._engine is None and self._workers_in_parent:
+            self._continue_in_child()
         if self._engine is None:
             raise StopIteration  # finished or stopped, as torch's iterator stays
         asked = time.perf_counter()
@@ -433,6 +458,53 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             _live_iterators.discard(self)
             engine.shutdown(grace)
             self._recorder.engine_stopped(engine)
+
+    def _forked(self) -> None:
+        """In a fork child, right after the fork: the engine's threads
+        stayed in the parent. The engine is dropped without a call into it
+        (the Rust side leaks itself in a child: joining threads that are not
+        there, or taking a lock one of them held, would wait for ever); the
+        next use starts workers in this process."""
+        engine, self._engine = self._engine, None
+        if engine is None:
+            return
+        _live_iterators.discard(self)
+        self._recorder.engine_lost(engine)
+        self._workers_in_parent = True
+
+    def _continue_in_child(self) -> None:
+        """The first ``next()`` in a fork child on an iterator whose workers
+        are in the parent. Between epochs of a persistent iterator it ends,
+        as it would have in the parent (``iter(loader)`` starts workers for
+        the next epoch). Mid-epoch, a map-style dataset's epoch goes on with
+        workers of this process: the batches the parent's workers held and
+        had not delivered are loaded again first, then the sampler goes on.
+        An IterableDataset's streams lived in the parent's workers and cannot
+        go on: RuntimeError."""
+        if self._epoch.ended:
+            self._workers_in_parent = False
+            return
+        loader = self._loader()
+        if loader is None or isinstance(self._epoch, IterableStream):
+            what = (
+                "its DataLoader is gone"
+                if loader is None
+                else "an IterableDataset's streams were in those threads"
+            )
+            raise RuntimeError(
+                "this DataLoader iterator was in the middle of an epoch when the process "
+                "forked; its worker threads stayed in the parent process, and it cannot "
+                f"continue the epoch here ({what}). Call iter() on the DataLoader in this "
+                "process (or create the DataLoader here) to start an epoch with workers of "
+                "its own."
+            )
+        self._workers_in_parent = False
+        self._epoch.requeue_pending()
+        self._engine = self._start_engine(loader)
+        self._recorder.engine_started(self._engine)
+        _live_iterators.add(self)
+        self._sampler_done = False
+        self._submit_ready()
 
     def __del__(self) -> None:
         self._shutdown(SHUTDOWN_GRACE_S)

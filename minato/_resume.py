@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import threading
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -41,6 +40,7 @@ import torch
 from torch.utils.data.dataloader import _DatasetKind
 
 from minato._failures import SampleFailure
+from minato._fork import ForkSafeLock
 
 # Bumped when the layout of the state changes; a state of another version is refused.
 STATE_VERSION = 1
@@ -172,7 +172,7 @@ class EpochStream:
         # A checkpoint may be taken from another thread (an async checkpoint
         # callback): it must see the sampler's position and the pending
         # indices at one moment.
-        self.lock = threading.Lock()
+        self.lock = ForkSafeLock()
         # Set once the loop was told the epoch is over: only then is it complete
         # (a checkpoint after the last batch, before StopIteration, resumes an
         # empty rest of the epoch, as an uninterrupted loop would see).
@@ -241,6 +241,14 @@ class EpochStream:
         with self.lock:
             return [self._pending.get(tag) for tag in tags]
 
+    def requeue_pending(self) -> None:
+        """The workers that had the pending indices are gone (they stayed in
+        the parent of a fork child): those indices are loaded again, first,
+        in the sampler's order, under new tags."""
+        with self.lock:
+            self._carried.extendleft(reversed(self._pending.values()))
+            self._pending.clear()
+
     def undelivered(self) -> list[Any]:
         """Indices taken from the sampler and not delivered, in the sampler's order."""
         return [*self._pending.values(), *self._carried, *self._buffer]
@@ -266,7 +274,7 @@ class IterableStream:
         self.delivered_per_stream: dict[int, int] = dict(delivered or {})
         self._skips = dict(self.delivered_per_stream)
         self.ended = False
-        self.lock = threading.Lock()
+        self.lock = ForkSafeLock()
 
     def next_batch(self) -> tuple[list[int], Any]:
         return [], next(self._batches)

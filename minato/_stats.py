@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from minato._fork import ForkSafeLock
 
 if TYPE_CHECKING:
     from minato._failures import SampleFailure
@@ -142,7 +143,7 @@ class StatsRecorder:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
         self.started: float | None = None
         self.samples = 0
         self.batches = 0
@@ -177,6 +178,13 @@ class StatsRecorder:
             if figures["worker_history"]:
                 self.learned_workers = figures["worker_history"][-1][1]
             self._last = figures
+
+    def engine_lost(self, engine: Any) -> None:
+        """In a fork child: ``engine``'s threads stayed in the parent, and its
+        figures since it started cannot be read here (they are left out)."""
+        with self._lock:
+            if self._live is engine:
+                self._live = None
 
     def delivered(self, samples: int, waited: float) -> None:
         """The training loop got a batch of `samples` after waiting `waited` seconds."""

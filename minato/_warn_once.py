@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Hashable
 
+from minato._fork import ForkSafeLock
+
 _warned: set[Hashable] = set()
-_lock = threading.Lock()
+# Worker threads warn too: one may hold it when another thread forks.
+_lock = ForkSafeLock()
 
 
 def warn_once(key: Hashable, message: str, stacklevel: int = 1) -> None:

@@ -1,9 +1,14 @@
-//! minato's Rust core: a framework-agnostic worker-thread engine (`engine`) and,
-//! behind the `python` feature, its thin Python bindings (`bindings`).
+//! minato's Rust core: a framework-agnostic worker-thread engine (`engine`),
+//! decoders (`io`), batch assembly (`collate`), the thread pool those two
+//! share (`parallel`), fork detection (`process`), keeping threads from
+//! being unwound at interpreter exit (`thread_exit`) and, behind the
+//! `python` feature, thin Python bindings (`bindings`).
 
 pub mod collate;
 pub mod engine;
 pub mod io;
+pub mod parallel;
+pub mod process;
 pub mod thread_exit;
 
 #[cfg(feature = "python")]

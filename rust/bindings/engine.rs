@@ -66,23 +66,23 @@ impl PyEngine {
 
     /// Worker threads running now.
     #[getter]
-    fn num_workers(&self, py: Python<'_>) -> usize {
-        self.engine.quick(py, |engine| engine.num_workers())
+    fn num_workers(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.engine.quick(py, |engine| engine.num_workers())?)
     }
 
     /// Whether `submit` accepts a payload now (the in-flight bound).
-    fn can_submit(&self, py: Python<'_>) -> bool {
-        self.engine.quick(py, |engine| engine.can_submit())
+    fn can_submit(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.engine.quick(py, |engine| engine.can_submit())?)
     }
 
     /// Submitted payloads of this epoch not yet delivered.
-    fn pending(&self, py: Python<'_>) -> usize {
-        self.engine.quick(py, |engine| engine.pending())
+    fn pending(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.engine.quick(py, |engine| engine.pending())?)
     }
 
     /// The engine's figures, as a dict (see `minato.LoaderStats`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let snapshot = self.engine.quick(py, |engine| engine.stats());
+        let snapshot = self.engine.quick(py, |engine| engine.stats())?;
         stats::to_dict(py, &snapshot, &self.gil_wait)
     }
 
@@ -92,7 +92,7 @@ impl PyEngine {
     fn submit(&self, py: Python<'_>, payload: Py<PyAny>, samples: usize) -> PyResult<bool> {
         match self
             .engine
-            .quick(py, |engine| engine.submit_samples(payload, samples))
+            .quick(py, |engine| engine.submit_samples(payload, samples))?
         {
             Ok(()) => Ok(true),
             Err(EngineError::NoActiveWorker) => Ok(false),

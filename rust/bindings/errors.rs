@@ -30,6 +30,10 @@ pub(crate) enum LoaderError {
     Engine(EngineError),
     /// The user's `timeout` passed with no batch; `timeout` is as the user wrote it.
     TimedOut { timeout: String },
+    /// The engine's threads run in process `pid`, and this is a fork child
+    /// of it (one the Python iterator was not told about: it restarts its
+    /// workers after `os.fork`).
+    Forked { pid: u32 },
 }
 
 impl From<EngineError> for LoaderError {
@@ -51,6 +55,11 @@ impl From<LoaderError> for PyErr {
             LoaderError::TimedOut { timeout } => {
                 PyRuntimeError::new_err(format!("DataLoader timed out after {timeout} seconds"))
             }
+            LoaderError::Forked { pid } => PyRuntimeError::new_err(format!(
+                "this DataLoader's worker threads run in process {pid}; this process is a fork \
+                 of it and has none of its threads. Call iter() on the DataLoader in this \
+                 process (or create the DataLoader here) to start workers of its own"
+            )),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! An engine behind a lock, with the GIL handling every binding needs.
 
+use std::mem::ManuallyDrop;
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -8,26 +9,48 @@ use pyo3::prelude::*;
 use super::detach;
 use super::errors::LoaderError;
 use crate::engine::{EngineError, Lifecycle};
+use crate::process::Process;
 
 /// How long the consumer waits with the GIL released before it looks for
 /// signals: Ctrl-C leaves a waiting loop within this time.
 const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// An engine shared by the Python threads that hold its handle.
+///
+/// In a fork child the engine is refused (`LoaderError::Forked`) before its
+/// lock is touched, and never dropped: its worker threads are not in the
+/// child, and a lock one of the parent's threads held at the fork stays held
+/// there for good, so locking, joining or closing its channels could hang.
 pub(crate) struct Locked<E: Lifecycle + Send> {
-    inner: Mutex<E>,
+    inner: ManuallyDrop<Mutex<E>>,
+    /// The process whose threads run the engine.
+    process: Process,
 }
 
 impl<E: Lifecycle + Send> Locked<E> {
+    /// Wraps an engine started by this process.
     pub fn new(engine: E) -> Self {
         Locked {
-            inner: Mutex::new(engine),
+            inner: ManuallyDrop::new(Mutex::new(engine)),
+            process: Process::current(),
+        }
+    }
+
+    /// The error for every use in a fork child (see the type's docs).
+    fn check_process(&self) -> Result<(), LoaderError> {
+        if self.process.is_current() {
+            Ok(())
+        } else {
+            Err(LoaderError::Forked {
+                pid: self.process.pid(),
+            })
         }
     }
 
     /// The engine, locked. Callers lock inside `py.detach`, so a thread
     /// waiting for the lock never holds the GIL that the holder may need.
-    pub fn lock(&self) -> MutexGuard<'_, E> {
+    /// Only after [`Self::check_process`].
+    fn lock(&self) -> MutexGuard<'_, E> {
         self.inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -35,11 +58,21 @@ impl<E: Lifecycle + Send> Locked<E> {
 
     /// Ends the epoch with the GIL released: running tasks need it to finish.
     pub fn new_epoch(&self, py: Python<'_>) -> PyResult<()> {
+<<<<<<< HEAD
         detach(py, || self.lock().new_epoch()).map_err(|err| LoaderError::from(err).into())
+=======
+        self.check_process()?;
+        py.detach(|| self.lock().new_epoch())
+            .map_err(|err| LoaderError::from(err).into())
+>>>>>>> fork-safety
     }
 
     /// Stops the workers with the GIL released (see [`Lifecycle::shutdown`]).
+    /// In a fork child there are none to stop: nothing is done.
     pub fn shutdown(&self, py: Python<'_>, grace: f64) -> usize {
+        if self.check_process().is_err() {
+            return 0;
+        }
         let grace = Duration::from_secs_f64(grace.max(0.0));
         detach(py, || self.lock().shutdown(grace))
     }
@@ -47,12 +80,22 @@ impl<E: Lifecycle + Send> Locked<E> {
     /// Runs a short, non-blocking `op` on the engine. When the lock is free
     /// it runs with the GIL held: releasing the GIL would let a worker take
     /// it, and the consumer would then wait for that worker's whole task.
-    pub fn quick<T: Send>(&self, py: Python<'_>, op: impl FnOnce(&mut E) -> T + Send) -> T {
-        match self.inner.try_lock() {
+    pub fn quick<T: Send>(
+        &self,
+        py: Python<'_>,
+        op: impl FnOnce(&mut E) -> T + Send,
+    ) -> Result<T, LoaderError> {
+        self.check_process()?;
+        Ok(match self.inner.try_lock() {
             Ok(mut engine) => op(&mut engine),
             Err(TryLockError::Poisoned(poisoned)) => op(&mut poisoned.into_inner()),
+<<<<<<< HEAD
             Err(TryLockError::WouldBlock) => detach(py, || op(&mut self.lock())),
         }
+=======
+            Err(TryLockError::WouldBlock) => py.detach(|| op(&mut self.lock())),
+        })
+>>>>>>> fork-safety
     }
 
     /// Waits for `recv`'s next output with the GIL released, at most
@@ -66,7 +109,7 @@ impl<E: Lifecycle + Send> Locked<E> {
         recv: impl Fn(&mut E, Duration) -> Result<T, EngineError> + Sync,
     ) -> PyResult<T> {
         let seconds: f64 = timeout.extract()?;
-        match self.quick(py, |engine| recv(engine, Duration::ZERO)) {
+        match self.quick(py, |engine| recv(engine, Duration::ZERO))? {
             Err(EngineError::WaitElapsed) => {}
             ready => return ready.map_err(|err| LoaderError::from(err).into()),
         }
@@ -93,12 +136,22 @@ impl<E: Lifecycle + Send> Locked<E> {
 
 impl<E: Lifecycle + Send> Drop for Locked<E> {
     fn drop(&mut self) {
+        if !self.process.is_current() {
+            // A fork child's copy: leaked (see the type's docs).
+            return;
+        }
         // Workers need the GIL to finish their current task: join them with
         // it released, or the join would wait forever.
         let engine = self
             .inner
             .get_mut()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+<<<<<<< HEAD
         Python::attach(|py| detach(py, || engine.shutdown_with_default_grace()));
+=======
+        Python::attach(|py| py.detach(|| engine.shutdown_with_default_grace()));
+        // SAFETY: `inner` is dropped once, here, and never used after.
+        unsafe { ManuallyDrop::drop(&mut self.inner) };
+>>>>>>> fork-safety
     }
 }

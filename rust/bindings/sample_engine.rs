@@ -80,38 +80,37 @@ impl PySampleEngine {
 
     /// Worker threads running now, replacements for slow samples included.
     #[getter]
-    fn num_workers(&self, py: Python<'_>) -> usize {
-        self.engine.quick(py, |engine| engine.num_workers())
+    fn num_workers(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.engine.quick(py, |engine| engine.num_workers())?)
     }
 
     /// The slow-sample timeout in seconds now; None while warming up or off.
     #[getter]
-    fn sample_timeout(&self, py: Python<'_>) -> Option<f64> {
-        self.engine
-            .quick(py, |engine| engine.sample_timeout())
-            .map(|t| t.as_secs_f64())
+    fn sample_timeout(&self, py: Python<'_>) -> PyResult<Option<f64>> {
+        let timeout = self.engine.quick(py, |engine| engine.sample_timeout())?;
+        Ok(timeout.map(|t| t.as_secs_f64()))
     }
 
     /// Samples flagged slow so far.
     #[getter]
-    fn slow_samples(&self, py: Python<'_>) -> u64 {
-        self.engine.quick(py, |engine| engine.slow_samples())
+    fn slow_samples(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.engine.quick(py, |engine| engine.slow_samples())?)
     }
 
     /// The engine's figures, as a dict (see `minato.LoaderStats`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let snapshot = self.engine.quick(py, |engine| engine.stats());
+        let snapshot = self.engine.quick(py, |engine| engine.stats())?;
         stats::to_dict(py, &snapshot, &self.gil_wait)
     }
 
     /// Whether `submit` accepts a batch now (the in-flight bound).
-    fn can_submit(&self, py: Python<'_>) -> bool {
-        self.engine.quick(py, |engine| engine.can_submit())
+    fn can_submit(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.engine.quick(py, |engine| engine.can_submit())?)
     }
 
     /// Batches of this epoch submitted and not yet delivered.
-    fn pending(&self, py: Python<'_>) -> usize {
-        self.engine.quick(py, |engine| engine.pending())
+    fn pending(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.engine.quick(py, |engine| engine.pending())?)
     }
 
     /// Queues one batch of indices; always True (the signature of `Engine.submit`).
@@ -121,7 +120,7 @@ impl PySampleEngine {
             .map(|index| index.map(Bound::unbind))
             .collect::<PyResult<_>>()?;
         self.engine
-            .quick(py, |engine| engine.submit(indices))
+            .quick(py, |engine| engine.submit(indices))?
             .map_err(LoaderError::from)?;
         Ok(true)
     }
@@ -142,13 +141,13 @@ impl PySampleEngine {
 
     /// The epoch's last batch is submitted: samples skipped this epoch are
     /// taken off its last batches.
-    fn close_epoch(&self, py: Python<'_>) {
-        self.engine.quick(py, |engine| engine.close_epoch());
+    fn close_epoch(&self, py: Python<'_>) -> PyResult<()> {
+        Ok(self.engine.quick(py, |engine| engine.close_epoch())?)
     }
 
     /// The records of the samples skipped since the last call (this epoch's).
     fn take_skipped<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let skipped = self.engine.quick(py, |engine| engine.take_skipped());
+        let skipped = self.engine.quick(py, |engine| engine.take_skipped())?;
         let skipped: Vec<Py<PyAny>> = skipped.into_iter().collect::<PyResult<_>>()?;
         PyList::new(py, skipped)
     }

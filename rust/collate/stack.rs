@@ -6,8 +6,10 @@ use std::fmt;
 
 use rayon::prelude::*;
 
+use crate::parallel;
+
 /// Below this many bytes a batch is copied on the calling thread: handing
-/// the work to rayon's pool costs more than the copy.
+/// the work to minato's thread pool (see [`parallel`]) costs more than the copy.
 const PARALLEL_FROM_BYTES: usize = 1 << 20;
 
 /// Why a stack could not be done; the Python side checks shapes first, so
@@ -77,14 +79,20 @@ pub fn stack_into(samples: &[&[u8]], out: &mut [u8]) -> Result<(), StackError> {
     if sample_len == 0 {
         return Ok(());
     }
-    if out.len() < PARALLEL_FROM_BYTES {
-        for (slot, sample) in out.chunks_exact_mut(sample_len).zip(samples) {
-            slot.copy_from_slice(sample);
-        }
+    let copy = |(slot, sample): (&mut [u8], &&[u8])| slot.copy_from_slice(sample);
+    let pool = if out.len() >= PARALLEL_FROM_BYTES {
+        parallel::pool()
     } else {
-        out.par_chunks_exact_mut(sample_len)
-            .zip(samples.par_iter())
-            .for_each(|(slot, sample)| slot.copy_from_slice(sample));
+        None
+    };
+    match pool {
+        Some(pool) => pool.install(|| {
+            out.par_chunks_exact_mut(sample_len)
+                .zip(samples.par_iter())
+                .for_each(copy)
+        }),
+        // Small, or no pool could be started.
+        None => out.chunks_exact_mut(sample_len).zip(samples).for_each(copy),
     }
     Ok(())
 }

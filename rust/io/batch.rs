@@ -6,10 +6,12 @@ use rayon::prelude::*;
 
 use super::error::DecodeError;
 use super::image::{decode_image_into, ImageOptions};
+use crate::parallel;
 
 /// Decodes `count` images, the `i`-th from `read(i)`, into `out`: `count`
 /// consecutive images of `options.size` (required) in `options.mode`. Runs
-/// on rayon's pool; the first failure is reported with its image's index.
+/// on minato's thread pool (see [`parallel`]), or on the calling thread when
+/// none can be started; the first failure is reported with its image's index.
 pub fn decode_images_into<'a, R, B>(
     count: usize,
     read: R,
@@ -27,14 +29,20 @@ where
             out.len()
         )));
     }
-    out.par_chunks_mut(image_len)
-        .enumerate()
-        .try_for_each(|(index, slot)| {
-            read(index)
-                .and_then(|data| decode_image_into(&data, options, slot))
-                .map_err(|err| DecodeError::InBatch {
-                    index,
-                    source: Box::new(err),
-                })
-        })
+    let decode = |(index, slot): (usize, &mut [u8])| {
+        read(index)
+            .and_then(|data| decode_image_into(&data, options, slot))
+            .map_err(|err| DecodeError::InBatch {
+                index,
+                source: Box::new(err),
+            })
+    };
+    match parallel::pool() {
+        Some(pool) => pool.install(|| {
+            out.par_chunks_mut(image_len)
+                .enumerate()
+                .try_for_each(decode)
+        }),
+        None => out.chunks_mut(image_len).enumerate().try_for_each(decode),
+    }
 }
