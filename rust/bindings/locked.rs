@@ -47,7 +47,7 @@ impl<E: Lifecycle + Send> Locked<E> {
         }
     }
 
-    /// The engine, locked. Callers lock inside `py.detach`, so a thread
+    /// The engine, locked. Callers lock inside `detach`, so a thread
     /// waiting for the lock never holds the GIL that the holder may need.
     /// Only after [`Self::check_process`].
     fn lock(&self) -> MutexGuard<'_, E> {
@@ -58,13 +58,8 @@ impl<E: Lifecycle + Send> Locked<E> {
 
     /// Ends the epoch with the GIL released: running tasks need it to finish.
     pub fn new_epoch(&self, py: Python<'_>) -> PyResult<()> {
-<<<<<<< HEAD
-        detach(py, || self.lock().new_epoch()).map_err(|err| LoaderError::from(err).into())
-=======
         self.check_process()?;
-        py.detach(|| self.lock().new_epoch())
-            .map_err(|err| LoaderError::from(err).into())
->>>>>>> fork-safety
+        detach(py, || self.lock().new_epoch()).map_err(|err| LoaderError::from(err).into())
     }
 
     /// Stops the workers with the GIL released (see [`Lifecycle::shutdown`]).
@@ -89,13 +84,8 @@ impl<E: Lifecycle + Send> Locked<E> {
         Ok(match self.inner.try_lock() {
             Ok(mut engine) => op(&mut engine),
             Err(TryLockError::Poisoned(poisoned)) => op(&mut poisoned.into_inner()),
-<<<<<<< HEAD
             Err(TryLockError::WouldBlock) => detach(py, || op(&mut self.lock())),
-        }
-=======
-            Err(TryLockError::WouldBlock) => py.detach(|| op(&mut self.lock())),
         })
->>>>>>> fork-safety
     }
 
     /// Waits for `recv`'s next output with the GIL released, at most
@@ -146,12 +136,8 @@ impl<E: Lifecycle + Send> Drop for Locked<E> {
             .inner
             .get_mut()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-<<<<<<< HEAD
         Python::attach(|py| detach(py, || engine.shutdown_with_default_grace()));
-=======
-        Python::attach(|py| py.detach(|| engine.shutdown_with_default_grace()));
         // SAFETY: `inner` is dropped once, here, and never used after.
         unsafe { ManuallyDrop::drop(&mut self.inner) };
->>>>>>> fork-safety
     }
 }
