@@ -493,7 +493,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--rss-growth-pct", type=float, default=10.0, help="...or percent, whichever is larger"
     )
-    parser.add_argument("--thread-growth", type=int, default=2, help="allowed extra OS threads")
+    # The long-lived loader alive at every row runs 2 to 6 threads (its
+    # adaptive pool up to max_workers=4, plus up to 2 replacements for slow
+    # samples): a row may catch it 4 above its lowest. A leak grows without
+    # bound, and with every loader deleted the count must be back to idle.
+    parser.add_argument("--thread-growth", type=int, default=4, help="allowed extra OS threads")
     parser.add_argument("--map-growth", type=int, default=16, help="allowed extra memory maps")
     parser.add_argument(
         "--watchdog",
