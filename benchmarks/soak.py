@@ -329,20 +329,21 @@ def checkpoint(state: dict[str, Any]) -> dict[str, Any]:
 # them; what it runs is in monitor.running, printed if it fails.
 
 
-def full_epochs(rng: random.Random, monitor: Monitor) -> None:
+def map_loader(rng: random.Random, monitor: Monitor) -> tuple[SoakDataset, Any, Training]:
+    """A map-style dataset, a loader over it with drawn options, and the loop's steps."""
     dataset, options = map_dataset(rng), loader_options(rng)
     monitor.running = describe(dataset, options)
-    loader = build(dataset, options)
-    train = Training(monitor, step_s(rng))
+    return dataset, build(dataset, options), Training(monitor, step_s(rng))
+
+
+def full_epochs(rng: random.Random, monitor: Monitor) -> None:
+    dataset, loader, train = map_loader(rng, monitor)
     for epoch in range(rng.randint(1, 3)):
         expect_once(train.epoch(iter(loader)), range(len(dataset)), f"epoch {epoch}")
 
 
 def break_then_epoch(rng: random.Random, monitor: Monitor) -> None:
-    dataset, options = map_dataset(rng), loader_options(rng)
-    monitor.running = describe(dataset, options)
-    loader = build(dataset, options)
-    train = Training(monitor, step_s(rng))
+    dataset, loader, train = map_loader(rng, monitor)
     for _ in range(rng.randint(1, 3)):
         train.first(iter(loader), rng.randint(1, 4))
     expect_once(train.epoch(iter(loader)), range(len(dataset)), "the epoch after breaks")
