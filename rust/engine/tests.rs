@@ -84,11 +84,14 @@ fn start(cfg: EngineConfig) -> (Engine<Hooks>, Arc<AtomicUsize>) {
 
 const WAIT: Duration = Duration::from_secs(10);
 
+/// A job that sleeps `sleep_us` microseconds, then returns `value`.
+fn value_after(value: u64, sleep_us: u64) -> Job {
+    Job::Value { value, sleep_us }
+}
+
 /// Jobs that return each value at once.
 fn instant_values(values: std::ops::Range<u64>) -> Vec<Job> {
-    values
-        .map(|value| Job::Value { value, sleep_us: 0 })
-        .collect()
+    values.map(|value| value_after(value, 0)).collect()
 }
 
 /// Submits `jobs` keeping the engine full, receiving as it goes; returns the outputs.
@@ -114,12 +117,7 @@ fn run_all(engine: &mut Engine<Hooks>, jobs: &[Job]) -> Vec<Result<(usize, u64),
 #[test]
 fn submission_order_is_kept_whatever_the_task_durations() {
     let (mut engine, _) = start(config(4, 8, Order::Submission, Dispatch::Shared));
-    let jobs: Vec<Job> = (0..40)
-        .map(|i| Job::Value {
-            value: i,
-            sleep_us: (40 - i) * 100,
-        })
-        .collect();
+    let jobs: Vec<Job> = (0..40).map(|i| value_after(i, (40 - i) * 100)).collect();
     let values: Vec<u64> = run_all(&mut engine, &jobs)
         .into_iter()
         .map(|r| r.unwrap().1)
@@ -130,18 +128,8 @@ fn submission_order_is_kept_whatever_the_task_durations() {
 #[test]
 fn completion_order_lets_fast_tasks_pass_a_slow_one() {
     let (mut engine, _) = start(config(2, 4, Order::Completion, Dispatch::Shared));
-    engine
-        .submit(Job::Value {
-            value: 0,
-            sleep_us: 300_000,
-        })
-        .unwrap();
-    engine
-        .submit(Job::Value {
-            value: 1,
-            sleep_us: 0,
-        })
-        .unwrap();
+    engine.submit(value_after(0, 300_000)).unwrap();
+    engine.submit(value_after(1, 0)).unwrap();
     assert_eq!(engine.recv(WAIT).unwrap().1, 1);
     assert_eq!(engine.recv(WAIT).unwrap().1, 0);
     assert_eq!(engine.recv(WAIT), Err(EngineError::Idle));
@@ -150,26 +138,10 @@ fn completion_order_lets_fast_tasks_pass_a_slow_one() {
 #[test]
 fn submit_refuses_past_the_in_flight_bound() {
     let (mut engine, _) = start(config(1, 2, Order::Submission, Dispatch::Shared));
-    engine
-        .submit(Job::Value {
-            value: 0,
-            sleep_us: 0,
-        })
-        .unwrap();
-    engine
-        .submit(Job::Value {
-            value: 1,
-            sleep_us: 0,
-        })
-        .unwrap();
+    engine.submit(value_after(0, 0)).unwrap();
+    engine.submit(value_after(1, 0)).unwrap();
     assert!(!engine.can_submit());
-    assert_eq!(
-        engine.submit(Job::Value {
-            value: 2,
-            sleep_us: 0
-        }),
-        Err(EngineError::Full)
-    );
+    assert_eq!(engine.submit(value_after(2, 0)), Err(EngineError::Full));
     engine.recv(WAIT).unwrap();
     assert!(engine.can_submit());
 }
@@ -177,12 +149,7 @@ fn submit_refuses_past_the_in_flight_bound() {
 #[test]
 fn recv_reports_an_elapsed_wait_and_the_result_still_arrives() {
     let (mut engine, _) = start(config(1, 1, Order::Submission, Dispatch::Shared));
-    engine
-        .submit(Job::Value {
-            value: 7,
-            sleep_us: 200_000,
-        })
-        .unwrap();
+    engine.submit(value_after(7, 200_000)).unwrap();
     assert_eq!(
         engine.recv(Duration::from_millis(1)),
         Err(EngineError::WaitElapsed)
@@ -194,36 +161,16 @@ fn recv_reports_an_elapsed_wait_and_the_result_still_arrives() {
 fn round_robin_gives_task_i_to_worker_i_mod_n_and_drops_exhausted_workers() {
     let (mut engine, _) = start(config(3, 6, Order::Submission, Dispatch::RoundRobin));
     for i in 0..3 {
-        engine
-            .submit(Job::Value {
-                value: i,
-                sleep_us: 0,
-            })
-            .unwrap();
+        engine.submit(value_after(i, 0)).unwrap();
     }
     let workers: Vec<usize> = (0..3).map(|_| engine.recv(WAIT).unwrap().0).collect();
     assert_eq!(workers, vec![0, 1, 2]);
     // Worker 0 reports exhaustion: it delivers nothing and gets no more tasks.
     engine.submit(Job::Exhaust).unwrap();
-    engine
-        .submit(Job::Value {
-            value: 4,
-            sleep_us: 0,
-        })
-        .unwrap();
+    engine.submit(value_after(4, 0)).unwrap();
     assert_eq!(engine.recv(WAIT).unwrap(), (1, 4));
-    engine
-        .submit(Job::Value {
-            value: 5,
-            sleep_us: 0,
-        })
-        .unwrap();
-    engine
-        .submit(Job::Value {
-            value: 6,
-            sleep_us: 0,
-        })
-        .unwrap();
+    engine.submit(value_after(5, 0)).unwrap();
+    engine.submit(value_after(6, 0)).unwrap();
     assert_eq!(engine.recv(WAIT).unwrap(), (2, 5));
     assert_eq!(engine.recv(WAIT).unwrap(), (1, 6));
 }
@@ -231,19 +178,9 @@ fn round_robin_gives_task_i_to_worker_i_mod_n_and_drops_exhausted_workers() {
 #[test]
 fn a_panicking_task_is_reported_in_its_place_and_the_worker_survives() {
     let (mut engine, inside) = start(config(1, 4, Order::Submission, Dispatch::Shared));
-    engine
-        .submit(Job::Value {
-            value: 0,
-            sleep_us: 0,
-        })
-        .unwrap();
+    engine.submit(value_after(0, 0)).unwrap();
     engine.submit(Job::Panic).unwrap();
-    engine
-        .submit(Job::Value {
-            value: 2,
-            sleep_us: 0,
-        })
-        .unwrap();
+    engine.submit(value_after(2, 0)).unwrap();
     assert_eq!(engine.recv(WAIT).unwrap().1, 0);
     match engine.recv(WAIT) {
         Err(EngineError::WorkerPanicked { worker: 0, message }) => {
@@ -259,23 +196,13 @@ fn a_panicking_task_is_reported_in_its_place_and_the_worker_survives() {
 fn a_new_epoch_drops_stale_tasks_and_restarts_round_robin() {
     let (mut engine, _) = start(config(2, 8, Order::Submission, Dispatch::RoundRobin));
     for i in 0..8 {
-        engine
-            .submit(Job::Value {
-                value: i,
-                sleep_us: 20_000,
-            })
-            .unwrap();
+        engine.submit(value_after(i, 20_000)).unwrap();
     }
     engine.recv(WAIT).unwrap();
     engine.new_epoch().unwrap();
     assert_eq!(engine.pending(), 0);
     assert_eq!(engine.recv(WAIT), Err(EngineError::Idle));
-    engine
-        .submit(Job::Value {
-            value: 100,
-            sleep_us: 0,
-        })
-        .unwrap();
+    engine.submit(value_after(100, 0)).unwrap();
     assert_eq!(engine.recv(WAIT).unwrap(), (0, 100));
 }
 
@@ -284,12 +211,7 @@ fn shutdown_joins_every_worker_and_refuses_more_work() {
     let (mut engine, inside) = start(config(4, 8, Order::Submission, Dispatch::Shared));
     assert_eq!(engine.num_workers(), 4);
     for i in 0..8 {
-        engine
-            .submit(Job::Value {
-                value: i,
-                sleep_us: 1_000,
-            })
-            .unwrap();
+        engine.submit(value_after(i, 1_000)).unwrap();
     }
     assert_eq!(engine.shutdown(Duration::from_secs(10)), 0);
     assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
@@ -300,12 +222,7 @@ fn shutdown_joins_every_worker_and_refuses_more_work() {
 #[test]
 fn shutdown_leaves_a_stuck_worker_after_the_grace_period() {
     let (mut engine, inside) = start(config(1, 1, Order::Submission, Dispatch::Shared));
-    engine
-        .submit(Job::Value {
-            value: 0,
-            sleep_us: 300_000,
-        })
-        .unwrap();
+    engine.submit(value_after(0, 300_000)).unwrap();
     thread::sleep(Duration::from_millis(50));
     assert_eq!(engine.shutdown(Duration::from_millis(10)), 1);
     // It finishes its task and exits on its own.
@@ -338,7 +255,7 @@ proptest! {
         let mut seen = Vec::new();
         loop {
             while next < sleeps.len() && engine.can_submit() {
-                engine.submit(Job::Value { value: next as u64, sleep_us: sleeps[next] }).unwrap();
+                engine.submit(value_after(next as u64, sleeps[next])).unwrap();
                 next += 1;
             }
             prop_assert!(engine.pending() <= bound);
@@ -663,12 +580,7 @@ fn an_adaptive_engine_grows_on_scaling_work_and_delivers_everything_once() {
     cfg.adaptive = Some(ControllerConfig::new(1, 6));
     let (mut engine, inside) = start(cfg);
     // Sleeping tasks scale with threads, and the consumer never waits for them.
-    let jobs: Vec<Job> = (0..600)
-        .map(|value| Job::Value {
-            value,
-            sleep_us: 2_000,
-        })
-        .collect();
+    let jobs: Vec<Job> = (0..600).map(|value| value_after(value, 2_000)).collect();
     let mut values: Vec<u64> = run_all(&mut engine, &jobs)
         .into_iter()
         .map(|r| r.unwrap().1)
@@ -696,12 +608,7 @@ fn a_round_robin_engine_keeps_its_size() {
     let mut cfg = config(2, 4, Order::Submission, Dispatch::RoundRobin);
     cfg.adaptive = Some(ControllerConfig::new(1, 8));
     let (mut engine, _) = start(cfg);
-    let jobs: Vec<Job> = (0..200)
-        .map(|value| Job::Value {
-            value,
-            sleep_us: 1_000,
-        })
-        .collect();
+    let jobs: Vec<Job> = (0..200).map(|value| value_after(value, 1_000)).collect();
     assert_eq!(run_all(&mut engine, &jobs).len(), 200);
     assert_eq!(engine.stats().worker_history.len(), 1);
     assert_eq!(engine.num_workers(), 2);
@@ -732,12 +639,7 @@ fn a_shrunk_pool_lets_idle_workers_go_and_a_grown_one_starts_them() {
 #[test]
 fn fetch_percentiles_and_busy_time_are_reported() {
     let (mut engine, _) = start(config(2, 4, Order::Submission, Dispatch::Shared));
-    let jobs: Vec<Job> = (0..20)
-        .map(|value| Job::Value {
-            value,
-            sleep_us: 500,
-        })
-        .collect();
+    let jobs: Vec<Job> = (0..20).map(|value| value_after(value, 500)).collect();
     run_all(&mut engine, &jobs);
     let stats = engine.stats();
     let (p50, p90, p99) = (
@@ -794,12 +696,7 @@ fn a_thread_that_cannot_be_started_leaves_the_pool_working() {
     // The engine was sized for 2 workers (its queues hold 8 tasks): submit
     // within that, since this test grows the pool by hand.
     for value in 0..8 {
-        engine
-            .submit(Job::Value {
-                value,
-                sleep_us: 100,
-            })
-            .unwrap();
+        engine.submit(value_after(value, 100)).unwrap();
     }
     let values: BTreeSet<u64> = (0..8).map(|_| engine.recv(WAIT).unwrap().1).collect();
     assert_eq!(values, (0..8).collect());
@@ -808,17 +705,9 @@ fn a_thread_that_cannot_be_started_leaves_the_pool_working() {
 #[test]
 fn a_new_epoch_does_not_wait_for_a_stuck_task() {
     let (mut engine, _inside) = start(config(2, 4, Order::Completion, Dispatch::Shared));
-    let stuck = Job::Value {
-        value: 0,
-        sleep_us: 3_000_000,
-    };
+    let stuck = value_after(0, 3_000_000);
     engine.submit(stuck).unwrap();
-    engine
-        .submit(Job::Value {
-            value: 1,
-            sleep_us: 0,
-        })
-        .unwrap();
+    engine.submit(value_after(1, 0)).unwrap();
     assert_eq!(engine.recv(WAIT).unwrap().1, 1);
     let started = std::time::Instant::now();
     engine.new_epoch().unwrap();
