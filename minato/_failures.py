@@ -118,12 +118,11 @@ def epoch_samples(loader: Any) -> int | None:
     return None
 
 
-def failure_budget(loader: Any) -> int | None:
-    """Failures an epoch may skip before the loader stops; None for no limit."""
-    max_failures = loader.max_failures
+def failure_budget(max_failures: int | float | None, samples: int | None) -> int | None:
+    """Failures an epoch of `samples` (None: unsized) may skip before the
+    loader stops; None for no limit."""
     if max_failures is None or isinstance(max_failures, int):
         return max_failures
-    samples = epoch_samples(loader)
     if samples is None:
         raise TypeError(
             f"max_failures={max_failures!r} is a fraction of the epoch's samples, but this "
@@ -144,39 +143,44 @@ def budget_exceeded(
     )
 
 
-def load_skipping(
-    dataset: Any, getitems: Any, indices: list[Any], worker: int | None
-) -> tuple[list[Any], list[SampleFailure]]:
-    """Loads `indices` (with ``__getitems__`` when the dataset has one),
-    skipping the samples that raise: (the samples loaded, the failures)."""
+def load_skipping(dataset: Any, getitems: Any, indices: list[Any], worker: int | None) -> list[Any]:
+    """Loads `indices` (with ``__getitems__`` when the dataset has one): for
+    each, its sample, or its `SampleFailure` when loading it raised."""
     if getitems is not None:
         try:
-            return list(getitems(indices)), []
+            return list(getitems(indices))
         except Exception:
             pass  # load one by one below to find which samples fail
-    samples: list[Any] = []
-    failures: list[SampleFailure] = []
+    loaded: list[Any] = []
     for index in indices:
         try:
-            samples.append(dataset[index])
+            loaded.append(dataset[index])
         except Exception:
-            failures.append(current_failure(index, worker))
+            loaded.append(current_failure(index, worker))
+    return loaded
+
+
+def split_failures(loaded: list[Any]) -> tuple[list[Any], list[SampleFailure]]:
+    """What `load_skipping` returned, as (the samples, the failures)."""
+    samples = [item for item in loaded if not isinstance(item, SampleFailure)]
+    failures = [item for item in loaded if isinstance(item, SampleFailure)]
     return samples, failures
 
 
 def next_skipping(
-    iterator: Any, count: int, worker: int | None
+    iterator: Any, count: int, worker: int | None, *, drop_last: bool
 ) -> tuple[list[Any], list[SampleFailure], bool]:
     """Up to `count` items of an IterableDataset's stream, skipping the
     items whose ``next()`` raises: (the items, the failures, whether the
-    stream ended). A generator that raised has ended: its stream ends there."""
+    stream ended). A generator that raised has ended: its stream ends there.
+    With `drop_last`, fewer than `count` items at the stream's end are none."""
     items: list[Any] = []
     failures: list[SampleFailure] = []
     while len(items) < count:
         try:
             items.append(next(iterator))
         except StopIteration:
-            return items, failures, True
+            return ([] if drop_last else items), failures, True
         except Exception:
             failures.append(current_failure(None, worker))
             if getattr(iterator, "gi_frame", True) is None:
@@ -186,5 +190,5 @@ def next_skipping(
                     "catch its error inside __iter__, or implement __next__.",
                     "the calling thread" if worker is None else f"worker thread {worker}",
                 )
-                return items, failures, True
+                return ([] if drop_last else items), failures, True
     return items, failures, False

@@ -28,6 +28,7 @@ from minato._failures import (
     failure_budget,
     load_skipping,
     next_skipping,
+    split_failures,
 )
 from minato._minato import Engine, SampleEngine
 from minato._resume import EpochStream, IterableStream, capture_epoch_rng
@@ -102,8 +103,10 @@ class _Delivery(DeviceStage):
         self._epoch: EpochStream | IterableStream = loader._progress.begin_epoch(
             loader, self._sampler_iter, epoch_rng, samples=samples
         )
-        self._failure_budget = failure_budget(loader) if self._skip_errors else None
-        self._epoch_size = epoch_samples(loader) if self._failure_budget is not None else None
+        self._epoch_size = epoch_samples(loader) if self._skip_errors else None
+        self._failure_budget = (
+            failure_budget(self._max_failures, self._epoch_size) if self._skip_errors else None
+        )
         self._over_budget = False
 
     def _note_skipped(self, skipped: list[tuple[int | None, SampleFailure]]) -> Failure | None:
@@ -207,20 +210,22 @@ class _CallingThreadDataLoaderIter(_Delivery, _SingleProcessDataLoaderIter):
             except StopIteration:
                 raise
             except _NothingLoaded:
-                # Every sample of the batch was skipped: go on to the next one.
-                over_budget, self._over_budget_failure = self._over_budget_failure, None
-                if over_budget is not None:
-                    return self._tags_of_batch(), over_budget
-                self._delivered(self._tags_of_batch())
-                continue
+                data = None
             except Exception as error:
                 # As torch: the batch is used up, the error raised unwrapped.
                 data = Failure(error)
             else:
                 # Loading happens on this thread: all of it is time the loop waited.
                 self._report(self._batch_samples, time.perf_counter() - started)
+            tags = self._tags_of_batch()
             over_budget, self._over_budget_failure = self._over_budget_failure, None
-            return self._tags_of_batch(), over_budget or data
+            if over_budget is not None:
+                return tags, over_budget
+            if data is None:
+                # Every sample of the batch was skipped: go on to the next one.
+                self._delivered(tags)
+                continue
+            return tags, data
 
     def _tags_of_batch(self) -> list[int]:
         # An iterable dataset's one stream (this thread's) is stream 0.
@@ -258,14 +263,15 @@ class _SkippingFetcher:
             if fetcher.ended:
                 raise StopIteration
             wanted = len(index) if batched else 1
-            data, failures, fetcher.ended = next_skipping(fetcher.dataset_iter, wanted, None)
-            if data and fetcher.drop_last and len(data) < wanted:
-                data = []
+            data, failures, fetcher.ended = next_skipping(
+                fetcher.dataset_iter, wanted, None, drop_last=fetcher.drop_last
+            )
             if not data and not failures:
                 raise StopIteration
         else:
             indices = index if batched else [index]
-            data, failures = load_skipping(fetcher.dataset, self.getitems, indices, None)
+            loaded = load_skipping(fetcher.dataset, self.getitems, indices, None)
+            data, failures = split_failures(loaded)
         self.on_skip(failures)
         if not data:
             raise _NothingLoaded
@@ -548,8 +554,8 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
 
     def _engine_skipped(self) -> list[tuple[int | None, SampleFailure]]:
         engine = self._engine
-        if engine is None:
-            return []
+        if engine is None or not self._skip_errors:
+            return []  # nothing is skipped: spare every batch a call into the engine
         return [(skipped.tag, skipped.failure) for skipped in engine.take_skipped()]
 
     def _close_epoch(self) -> None:

@@ -22,7 +22,13 @@ import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import worker as _torch_worker
 
-from minato._failures import SampleFailure, Skipped, load_skipping, next_skipping
+from minato._failures import (
+    SampleFailure,
+    Skipped,
+    load_skipping,
+    next_skipping,
+    split_failures,
+)
 from minato._thread_random import ThreadGenerator, bind_thread, thread_generators
 from minato._worker_dataset import worker_dataset
 from minato._worker_info import set_thread_worker_info
@@ -59,10 +65,9 @@ def _where(worker_id: int, index: object = None, *, collating: bool = False) -> 
     where = f"in DataLoader worker thread {worker_id}"
     if index is None:
         return where
+    what = "sample indices" if isinstance(index, list) else "sample index"
     if collating:
-        what = "collating sample indices" if isinstance(index, list) else "collating sample index"
-    else:
-        what = "sample indices" if isinstance(index, list) else "sample index"
+        what = f"collating {what}"
     return f"{where} ({what} {index})"
 
 
@@ -208,7 +213,8 @@ class _MapFetcher:
 
     def _fetch_skipping(self, index: Any) -> Any:
         indices = index if self.auto_collation else [index]
-        data, failures = load_skipping(self.dataset, self.getitems, indices, self.worker_id)
+        loaded = load_skipping(self.dataset, self.getitems, indices, self.worker_id)
+        data, failures = split_failures(loaded)
         if not data:
             return 0, None, failures
         return self._collate(data if self.auto_collation else data[0], index, failures)
@@ -224,7 +230,7 @@ class _MapFetcher:
         """Single samples, uncollated; a failing one becomes its ExceptionWrapper
         (its SampleFailure when skipping)."""
         if self.skip_errors:
-            return [self._sample_skipping(index) for index in indices]
+            return load_skipping(self.dataset, self.getitems, indices, self.worker_id)
         if self.getitems is not None:
             try:
                 return list(self.getitems(indices))
@@ -238,10 +244,6 @@ class _MapFetcher:
             except Exception:
                 samples.append(ExceptionWrapper(where=_where(self.worker_id, i)))
         return samples
-
-    def _sample_skipping(self, index: Any) -> Any:
-        samples, failures = load_skipping(self.dataset, self.getitems, [index], self.worker_id)
-        return samples[0] if samples else failures[0]
 
 
 class _IterableFetcher:
@@ -298,10 +300,11 @@ class _IterableFetcher:
         replaced by the one after it, so the batch keeps its size."""
         spec = self.spec
         wanted = len(index) if spec.auto_collation else 1
-        items, failures, self.ended = next_skipping(self.iterator, wanted, self.worker_id)
-        if not items or (spec.drop_last and len(items) < wanted):
-            # The failures still reach the loop; the stream's end comes next call.
-            self.ended = True
+        items, failures, self.ended = next_skipping(
+            self.iterator, wanted, self.worker_id, drop_last=spec.drop_last
+        )
+        if not items:
+            # The stream ended; its last failures still reach the loop first.
             return (0, None, failures) if failures else EXHAUSTED
         return self._collate(items if spec.auto_collation else items[0], failures)
 
