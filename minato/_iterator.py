@@ -31,9 +31,11 @@ from minato._failures import (
     split_failures,
 )
 from minato._minato import Engine, SampleEngine
+from minato._process import ProcessWorkers, fork_server_ready, stop_all, warm_up
 from minato._resume import EpochStream, IterableStream, capture_epoch_rng
 from minato._stats import StatsRecorder, logger
 from minato._worker import EXHAUSTED, WorkerSpec, sample_count, worker_factory
+from minato._worker_method import WorkerMethod
 
 if TYPE_CHECKING:
     from minato.dataloader import DataLoader
@@ -50,6 +52,14 @@ EXIT_GRACE_S = 0.5
 
 # How often a running loader checks whether its workers wait on the GIL.
 GIL_CHECK_INTERVAL_S = 1.0
+# How often worker_method="auto" judges the engine's figures.
+METHOD_CHECK_INTERVAL_S = 0.05
+# With worker processes, a task costs a round trip (pickling, two socket
+# hops, ~0.3 ms here): cheap samples go to them in runs of at least this long.
+PROCESS_RUN_TARGET_S = 0.01
+# ...and a replacement for a slow sample costs a process start (~10 ms, and
+# the dataset unpickled): the automatic per-sample timeout is at least this.
+PROCESS_MIN_TIMEOUT_S = 0.05
 
 _live_iterators: weakref.WeakSet[_ThreadDataLoaderIter] = weakref.WeakSet()
 
@@ -59,6 +69,7 @@ def _shut_down_all_at_exit() -> None:
     deadline = time.monotonic() + EXIT_GRACE_S
     for iterator in list(_live_iterators):
         iterator._shutdown(max(0.0, deadline - time.monotonic()))
+    stop_all()
 
 
 def _leave_workers_in_parent() -> None:
@@ -288,6 +299,9 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
     def __init__(self, loader: DataLoader, *, in_order: bool = True) -> None:
         self._in_order = in_order
         self._engine: Engine | SampleEngine | None = None
+        self._processes: ProcessWorkers | None = None
+        self._method: WorkerMethod = loader._worker_method
+        self._next_method_check = 0.0
         # Set in a fork child whose parent ran this iterator's workers.
         self._workers_in_parent = False
         super().__init__(loader)
@@ -316,8 +330,13 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         )
 
     def _adaptive(self, loader: DataLoader) -> bool:
-        """Whether the pool resizes: a worker dealt its own batches keeps its place."""
-        return loader.adaptive and not loader.deals_in_turn()
+        """Whether the pool resizes: a worker dealt its own batches keeps its
+        place. On processes only with ``max_workers`` given: each process
+        costs a start and memory, which the controller's trials would pay
+        over and over; the pool then keeps ``num_workers``, as torch's."""
+        if loader.deals_in_turn() or not loader.adaptive:
+            return False
+        return not self._method.wants_processes or loader.max_workers is not None
 
     def _starting_workers(self, loader: DataLoader) -> int:
         """num_workers, or where the adaptive controller settled last epoch."""
@@ -332,10 +351,25 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
     def _batches_in_flight(self, loader: DataLoader) -> int:
         return max(1, (loader.prefetch_factor or 0) * self._starting_workers(loader))
 
+    def _process_workers(self, loader: DataLoader, spec: WorkerSpec) -> ProcessWorkers | None:
+        """The engine's worker processes, where the loader may use them."""
+        method = self._method
+        method.restart_window()
+        if method.decided and not method.wants_processes:
+            return None
+        return ProcessWorkers(
+            spec,
+            method,
+            collate_fn=loader.collate_fn,
+            hard_timeout=loader.sample_hard_timeout,
+            per_task_switch=not loader.deals_in_turn(),
+        )
+
     def _start_engine(self, loader: DataLoader) -> Engine | SampleEngine:
         spec = self._worker_spec(loader)
+        self._processes = self._process_workers(loader, spec)
         return Engine(
-            worker_factory(spec),
+            worker_factory(spec, processes=self._processes),
             EXHAUSTED,
             num_workers=self._starting_workers(loader),
             max_in_flight=self._batches_in_flight(loader),
@@ -447,9 +481,39 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             if isinstance(data, Failure):
                 return tags, data
             self._report(samples, waited)
+            if self._processes is not None:
+                self._watch_method()
             if self._pin_memory:
                 data = pin_memory(data, self._pin_memory_device)
             return tags, data
+
+    def _watch_method(self) -> None:
+        """worker_method="auto": measures, decides, and moves the workers to
+        processes once the fork server is up (see minato._worker_method)."""
+        method, processes = self._method, self._processes
+        assert processes is not None
+        if method.wants_processes and not method.processes:
+            if fork_server_ready():
+                method.activate()
+                self._on_processes()
+            return
+        if method.decided:
+            return
+        now = time.perf_counter()
+        if method.wants_probe(now):
+            method.probe()
+        if now < self._next_method_check or self._engine is None:
+            return
+        self._next_method_check = now + METHOD_CHECK_INTERVAL_S
+        if method.observe(self._engine.stats()):
+            why = processes.check_picklable()
+            if why is None:
+                warm_up()
+            else:
+                method.cannot_use_processes(why)
+
+    def _on_processes(self) -> None:
+        """The workers now hand their tasks to processes."""
 
     def _end_epoch_early(self) -> None:
         """After the failure budget's error: the epoch is over."""
@@ -464,6 +528,10 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             _live_iterators.discard(self)
             engine.shutdown(grace)
             self._recorder.engine_stopped(engine)
+        processes = getattr(self, "_processes", None)
+        if processes is not None:
+            self._processes = None
+            processes.close()
 
     def _forked(self) -> None:
         """In a fork child, right after the fork: the engine's threads
@@ -472,6 +540,8 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         there, or taking a lock one of them held, would wait for ever); the
         next use starts workers in this process."""
         engine, self._engine = self._engine, None
+        # Worker processes belong to the parent (each checks its owner's pid).
+        self._processes = None
         if engine is None:
             return
         _live_iterators.discard(self)
@@ -528,8 +598,10 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
 
     def _start_engine(self, loader: DataLoader) -> Engine | SampleEngine:
         batch_size = loader.batch_size or 1
+        spec = self._worker_spec(loader)
+        self._processes = self._process_workers(loader, spec)
         return SampleEngine(
-            worker_factory(self._worker_spec(loader), samples=True),
+            worker_factory(spec, samples=True, processes=self._processes),
             skipped_type=Skipped,
             drop_last=self._drop_last,
             num_workers=self._starting_workers(loader),
@@ -545,6 +617,15 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             ),
             shutdown_grace=SHUTDOWN_GRACE_S,
         )
+
+    def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
+        super()._reset(loader, first_iter)
+        if self._method.processes:
+            self._on_processes()
+
+    def _on_processes(self) -> None:
+        if isinstance(self._engine, SampleEngine):
+            self._engine.set_task_costs(PROCESS_RUN_TARGET_S, PROCESS_MIN_TIMEOUT_S)
 
     def _samples_reordered(self) -> bool:
         return True

@@ -71,6 +71,15 @@ class LoaderStats:
     data is ahead of the loop."""
     elapsed: float = 0.0
     """Seconds since the loader's first iterator started."""
+    worker_method: str | None = None
+    """How workers run now: ``"thread"`` or ``"multiprocessing"`` (torch's
+    ``WorkerInfo.worker_method`` values); None without workers."""
+    worker_method_reason: str | None = None
+    """Why: the option given, or what the automatic choice measured."""
+    loop_gil_delay: float | None = None
+    """Mean time the training loop's thread waited to take the GIL back
+    after releasing it, as probed by ``worker_method="auto"`` while deciding;
+    None when not probed."""
 
     @property
     def rate(self) -> float:
@@ -108,6 +117,8 @@ class LoaderStats:
             ("slow samples", str(self.slow_samples)),
             ("sample timeout", _ms(self.sample_timeout)),
             ("skipped samples", str(self.skipped_samples)),
+            ("worker method", f"{self.worker_method or '-'} ({self.worker_method_reason or '-'})"),
+            ("loop's GIL delay", _ms(self.loop_gil_delay)),
         ]
         width = max(len(name) for name, _ in rows)
         lines = ["minato LoaderStats"] + [f"  {name:<{width}}  {value}" for name, value in rows]
@@ -155,6 +166,8 @@ class StatsRecorder:
         self._live: Any = None
         self._live_offset = 0.0
         self.gil_hint_given = False
+        # The loader's WorkerMethod (None without workers).
+        self.method: Any = None
         self.skipped_samples = 0
         self._failures: deque[SampleFailure] = deque(maxlen=MAX_FAILURES_KEPT)
         # The worker count the adaptive controller last settled on: the next
@@ -232,6 +245,9 @@ class StatsRecorder:
             starved=self.starved,
             queue_occupancy=figures.get("queue_occupancy"),
             elapsed=0.0 if started is None else time.perf_counter() - started,
+            worker_method=None if self.method is None else self.method.name,
+            worker_method_reason=None if self.method is None else self.method.reason,
+            loop_gil_delay=None if self.method is None else self.method.loop_gil_delay,
         )
 
     def check_gil(self) -> None:

@@ -12,11 +12,12 @@ worker's id (its stream) for an iterable one.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._utils import ExceptionWrapper
@@ -32,6 +33,9 @@ from minato._failures import (
 from minato._thread_random import ThreadGenerator, bind_thread, thread_generators
 from minato._worker_dataset import worker_dataset
 from minato._worker_info import set_thread_worker_info
+
+if TYPE_CHECKING:
+    from minato._process import ProcessWorkers
 
 # Returned by `run` when an iterable dataset's worker has no more data.
 EXHAUSTED = object()
@@ -61,8 +65,12 @@ class WorkerSpec:
     skip_errors: bool = False
 
 
+# What a worker is, in messages: "process" in a worker process (minato._process_child).
+WORKER_NOUN = {"noun": "thread"}
+
+
 def _where(worker_id: int, index: object = None, *, collating: bool = False) -> str:
-    where = f"in DataLoader worker thread {worker_id}"
+    where = f"in DataLoader worker {WORKER_NOUN['noun']} {worker_id}"
     if index is None:
         return where
     what = "sample indices" if isinstance(index, list) else "sample index"
@@ -93,7 +101,7 @@ def _thread_rng(base_seed: int, worker_id: int) -> Any:
 
 
 def worker_factory(
-    spec: WorkerSpec, *, samples: bool = False
+    spec: WorkerSpec, *, samples: bool = False, processes: ProcessWorkers | None = None
 ) -> Callable[[int], Callable[[int, Any], Any]]:
     """The `make_worker` the engine calls on each new worker thread.
 
@@ -104,78 +112,106 @@ def worker_factory(
     EXHAUSTED), or, with `samples`, loads a run of single samples
     ``[(tag, index), ...]`` and returns them uncollated, ``[(tag, sample),
     ...]``, a skipped one as its `Skipped` record.
+
+    With `processes`, the thread hands its tasks to a worker process of its
+    own (see minato._process) when the loader runs on processes; otherwise
+    it runs them itself.
     """
 
     def make_worker(worker_id: int) -> Callable[[int, Any], Any]:
-        rng = _thread_rng(spec.base_seed, worker_id)
-        # What a worker process would have of its own: the dataset (a copy
-        # that shares the data) and the process-wide generators, seeded as
-        # torch seeds them. Its torch generator is also thread_safe_generator().
-        dataset = worker_dataset(spec.dataset)
-        bind_thread(
-            thread_generators(spec.base_seed, worker_id, rng.torch_generator, rng.random_generator)
-        )
-        own_generator = ThreadGenerator(rng.torch_generator)
-        info = _torch_worker.WorkerInfo(
-            id=worker_id,
-            num_workers=spec.num_workers,
-            seed=spec.base_seed + worker_id,
-            dataset=dataset,
-            rng=rng,
-            worker_method="thread",
-        )
-        set_thread_worker_info(info)
-        # As in torch: a failing worker_init_fn (or iter(dataset)) is
-        # reported as the result of the worker's first task.
-        init_error: ExceptionWrapper | None = None
-        fetcher: _MapFetcher | _IterableFetcher | None = None
-        try:
-            with own_generator:
-                if spec.worker_init_fn is not None:
-                    spec.worker_init_fn(worker_id)
-                fetcher_type = _IterableFetcher if spec.is_iterable else _MapFetcher
-                fetcher = fetcher_type(spec, dataset, worker_id)
-        except Exception:
-            init_error = ExceptionWrapper(where=_where(worker_id))
-
-        def failure() -> ExceptionWrapper | None:
-            nonlocal init_error
-            if init_error is not None:
-                error, init_error = init_error, None
-                return error
-            if fetcher is None:
-                return ExceptionWrapper(
-                    exc_info=(RuntimeError, RuntimeError("worker set-up failed"), None),
-                    where=_where(worker_id),
-                )
-            return None
-
-        def run(epoch: int, task: Any) -> Any:
-            tag, index = (worker_id, task) if spec.is_iterable else task
-            error = failure()
-            if error is not None:
-                return tag, error
-            assert fetcher is not None
-            with own_generator:
-                output = fetcher.fetch(epoch, index)
-            return output if output is EXHAUSTED else (tag, output)
-
-        def run_samples(epoch: int, tagged: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
-            tags = [tag for tag, _ in tagged]
-            error = failure()
-            if error is not None:
-                return [(tag, error) for tag in tags]
-            assert isinstance(fetcher, _MapFetcher)
-            with own_generator:
-                samples = fetcher.fetch_samples([index for _, index in tagged])
-            return [
-                Skipped(tag, sample) if isinstance(sample, SampleFailure) else (tag, sample)
-                for tag, sample in zip(tags, samples, strict=True)
-            ]
-
-        return run_samples if samples else run
+        if processes is not None and processes.forced:
+            # Never on this thread: no copy, no worker_init_fn here.
+            return processes.runner(worker_id, samples, None)
+        dataset, own_generator = _isolate_thread(spec, worker_id)
+        run = make_runner(spec, dataset, worker_id, own_generator, samples=samples)
+        if processes is None:
+            return run
+        return processes.runner(worker_id, samples, run)
 
     return make_worker
+
+
+def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[Any, Any]:
+    """What a worker process would have of its own, for this thread: the
+    dataset (a copy that shares the data) and the process-wide generators,
+    seeded as torch seeds them; its torch generator is also
+    thread_safe_generator(). Returns the dataset and the context that
+    hands torch's random functions the thread's generator."""
+    rng = _thread_rng(spec.base_seed, worker_id)
+    dataset = worker_dataset(spec.dataset)
+    bind_thread(
+        thread_generators(spec.base_seed, worker_id, rng.torch_generator, rng.random_generator)
+    )
+    info = _torch_worker.WorkerInfo(
+        id=worker_id,
+        num_workers=spec.num_workers,
+        seed=spec.base_seed + worker_id,
+        dataset=dataset,
+        rng=rng,
+        worker_method="thread",
+    )
+    set_thread_worker_info(info)
+    return dataset, ThreadGenerator(rng.torch_generator)
+
+
+def make_runner(
+    spec: WorkerSpec,
+    dataset: Any,
+    worker_id: int,
+    own_generator: contextlib.AbstractContextManager[Any],
+    *,
+    samples: bool,
+) -> Callable[[int, Any], Any]:
+    """Runs worker_init_fn, then returns the worker's `run` (see worker_factory)."""
+    # As in torch: a failing worker_init_fn (or iter(dataset)) is
+    # reported as the result of the worker's first task.
+    init_error: ExceptionWrapper | None = None
+    fetcher: _MapFetcher | _IterableFetcher | None = None
+    try:
+        with own_generator:
+            if spec.worker_init_fn is not None:
+                spec.worker_init_fn(worker_id)
+            fetcher_type = _IterableFetcher if spec.is_iterable else _MapFetcher
+            fetcher = fetcher_type(spec, dataset, worker_id)
+    except Exception:
+        init_error = ExceptionWrapper(where=_where(worker_id))
+
+    def failure() -> ExceptionWrapper | None:
+        nonlocal init_error
+        if init_error is not None:
+            error, init_error = init_error, None
+            return error
+        if fetcher is None:
+            return ExceptionWrapper(
+                exc_info=(RuntimeError, RuntimeError("worker set-up failed"), None),
+                where=_where(worker_id),
+            )
+        return None
+
+    def run(epoch: int, task: Any) -> Any:
+        tag, index = (worker_id, task) if spec.is_iterable else task
+        error = failure()
+        if error is not None:
+            return tag, error
+        assert fetcher is not None
+        with own_generator:
+            output = fetcher.fetch(epoch, index)
+        return output if output is EXHAUSTED else (tag, output)
+
+    def run_samples(epoch: int, tagged: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+        tags = [tag for tag, _ in tagged]
+        error = failure()
+        if error is not None:
+            return [(tag, error) for tag in tags]
+        assert isinstance(fetcher, _MapFetcher)
+        with own_generator:
+            loaded = fetcher.fetch_samples([index for _, index in tagged])
+        return [
+            Skipped(tag, sample) if isinstance(sample, SampleFailure) else (tag, sample)
+            for tag, sample in zip(tags, loaded, strict=True)
+        ]
+
+    return run_samples if samples else run
 
 
 class _MapFetcher:

@@ -15,8 +15,10 @@ from minato._iterator import (
     _SampleDataLoaderIter,
     _ThreadDataLoaderIter,
 )
+from minato._process import warm_up
 from minato._resume import LoaderProgress
 from minato._stats import LoaderStats, StatsRecorder
+from minato._worker_method import WorkerMethod, check_worker_method
 
 # Samples profiled before sample_timeout="auto" sets its first timeout.
 DEFAULT_TIMEOUT_WARMUP = 64
@@ -142,8 +144,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         device_prefetch: int = 2,
         on_error: str = "raise",
         max_failures: int | float | None = None,
+        worker_method: str = "auto",
+        sample_hard_timeout: float | None = None,
     ) -> None:
         check_failure_options(on_error, max_failures)
+        check_worker_method(worker_method)
+        _check_hard_timeout(sample_hard_timeout, worker_method)
         _check_minato_options(sample_timeout, sample_timeout_warmup, max_slow_samples)
         _check_adaptive_options(adaptive, max_workers, log_interval, num_workers)
         if isinstance(device_prefetch, bool) or not isinstance(device_prefetch, int):
@@ -191,8 +197,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.device_prefetch = device_prefetch
         self.on_error = on_error
         self.max_failures = max_failures
+        self.worker_method = worker_method
+        self.sample_hard_timeout = sample_hard_timeout
+        self._worker_method = WorkerMethod(worker_method)
         self._stats_recorder = StatsRecorder()
+        self._stats_recorder.method = self._worker_method if num_workers > 0 else None
         self._progress = LoaderProgress()
+        if num_workers > 0 and self._worker_method.processes:
+            # The fork server imports torch (about a second): under way before iter().
+            warm_up()
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is, for ``load_state_dict`` after a restart.
@@ -328,4 +341,24 @@ def _check_adaptive_options(
         raise ValueError(
             "log_interval option should be a positive number of seconds or None, "
             f"but got log_interval={log_interval!r}"
+        )
+
+
+def _check_hard_timeout(sample_hard_timeout: object, worker_method: object) -> None:
+    if sample_hard_timeout is None:
+        return
+    if isinstance(sample_hard_timeout, bool) or not isinstance(sample_hard_timeout, (int, float)):
+        raise TypeError(
+            "sample_hard_timeout should be a number of seconds or None, "
+            f"but got sample_hard_timeout={sample_hard_timeout!r}"
+        )
+    if not sample_hard_timeout > 0:
+        raise ValueError(
+            "sample_hard_timeout option should be positive, "
+            f"but got sample_hard_timeout={sample_hard_timeout}"
+        )
+    if worker_method == "thread":
+        raise ValueError(
+            "sample_hard_timeout stops worker processes; a thread cannot be stopped: use "
+            'worker_method="multiprocessing" or "auto", or leave sample_hard_timeout=None'
         )

@@ -152,6 +152,23 @@ impl PySampleEngine {
         PyList::new(py, skipped)
     }
 
+    /// For workers whose tasks and replacements cost more (worker
+    /// processes): cheap samples go to workers in runs of at least
+    /// `run_target` seconds, and the automatic per-sample timeout is at
+    /// least `min_timeout` seconds.
+    fn set_task_costs(&self, py: Python<'_>, run_target: f64, min_timeout: f64) -> PyResult<()> {
+        let seconds = |value: f64, what: &str| {
+            Duration::try_from_secs_f64(value)
+                .map_err(|err| pyo3::exceptions::PyValueError::new_err(format!("{what}: {err}")))
+        };
+        let run_target = seconds(run_target, "run_target")?;
+        let min_timeout = seconds(min_timeout, "min_timeout")?;
+        Ok(self.engine.quick(py, |engine| {
+            engine.set_run_target(run_target);
+            engine.set_min_auto_timeout(min_timeout);
+        })?)
+    }
+
     /// Ends the epoch: drops its queued work and waits for running tasks.
     fn new_epoch(&self, py: Python<'_>) -> PyResult<()> {
         self.engine.new_epoch(py)

@@ -45,8 +45,9 @@ pub struct SampleEngineConfig {
 
 /// A task should take at least this long, so that the per-task cost
 /// (queues, a GIL hand-over) stays small next to the work: cheap samples go
-/// to workers in runs.
-const RUN_TARGET: Duration = Duration::from_micros(500);
+/// to workers in runs. Workers whose tasks cost more (a round trip to a
+/// worker process) set a longer one (`set_run_target`).
+pub const RUN_TARGET: Duration = Duration::from_micros(500);
 /// Longest run of samples in one task.
 const MAX_RUN: usize = 64;
 
@@ -70,6 +71,8 @@ where
     bound: usize,
     /// Samples per task in the last batch submitted.
     last_run_length: usize,
+    /// The least time a task should take (see `RUN_TARGET`).
+    run_target: Duration,
     max_batch_size: usize,
     slow_samples: u64,
     /// Set when a worker panicked: the batches can no longer be completed.
@@ -108,6 +111,7 @@ where
             max_samples_in_flight: max_samples,
             bound: max_samples,
             last_run_length: 1,
+            run_target: RUN_TARGET,
             max_batch_size,
             slow_samples: 0,
             broken: None,
@@ -164,12 +168,24 @@ where
         self.assembler.pending_batches()
     }
 
+    /// Sets the least time a task should take, from the next batch on.
+    pub fn set_run_target(&mut self, run_target: Duration) {
+        self.run_target = run_target;
+    }
+
+    /// Sets the floor of the automatic per-sample timeout (see
+    /// `TimeoutEstimator::set_min_auto`).
+    pub fn set_min_auto_timeout(&mut self, floor: Duration) {
+        self.timeout.set_min_auto(floor);
+        store_timeout(&self.shared_timeout, self.timeout.current());
+    }
+
     /// Samples per task: one when samples are slow enough to be worth a
     /// task each, a run of them when they are cheap.
     pub(crate) fn run_length(&self) -> usize {
         match self.fetch_times.percentile(0.5) {
             Some(p50) if !p50.is_zero() => {
-                let run = RUN_TARGET.as_nanos() / p50.as_nanos();
+                let run = self.run_target.as_nanos() / p50.as_nanos();
                 usize::try_from(run).unwrap_or(MAX_RUN).clamp(1, MAX_RUN)
             }
             Some(_) => MAX_RUN,

@@ -44,6 +44,8 @@ pub(crate) struct TimeoutEstimator {
     since_update: u64,
     high_percentile_updates_left: u32,
     current: Option<Duration>,
+    /// The automatic estimate's floor (see `MIN_AUTO_TIMEOUT`).
+    min_auto: Duration,
 }
 
 impl TimeoutEstimator {
@@ -60,6 +62,17 @@ impl TimeoutEstimator {
             since_update: 0,
             high_percentile_updates_left: 0,
             current,
+            min_auto: MIN_AUTO_TIMEOUT,
+        }
+    }
+
+    /// Raises (or lowers) the automatic estimate's floor: where a
+    /// replacement worker costs more (a worker process to start), only
+    /// samples past it are worth one. A fixed timeout is kept as given.
+    pub fn set_min_auto(&mut self, floor: Duration) {
+        self.min_auto = floor;
+        if matches!(self.policy, SampleTimeout::Auto { .. }) {
+            self.current = self.current.map(|current| current.max(floor));
         }
     }
 
@@ -110,13 +123,27 @@ impl TimeoutEstimator {
         self.current = self
             .times
             .percentile(quantile)
-            .map(|estimate| estimate.max(MIN_AUTO_TIMEOUT));
+            .map(|estimate| estimate.max(self.min_auto));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raised_floor_holds_for_the_estimate_but_not_a_fixed_timeout() {
+        let mut auto = TimeoutEstimator::new(SampleTimeout::Auto { warmup: 4 });
+        auto.record(Duration::from_millis(2), 64, false);
+        assert_eq!(auto.current(), Some(Duration::from_millis(2)));
+        auto.set_min_auto(Duration::from_millis(50));
+        assert_eq!(auto.current(), Some(Duration::from_millis(50)));
+        auto.record(Duration::from_millis(2), 64, false);
+        assert_eq!(auto.current(), Some(Duration::from_millis(50)));
+        let mut fixed = TimeoutEstimator::new(SampleTimeout::Fixed(Duration::from_millis(3)));
+        fixed.set_min_auto(Duration::from_millis(50));
+        assert_eq!(fixed.current(), Some(Duration::from_millis(3)));
+    }
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)

@@ -475,6 +475,22 @@ fn cheap_samples_go_to_workers_in_runs() {
     );
 }
 
+#[test]
+fn a_longer_run_target_sends_costlier_samples_in_runs() {
+    let (mut engine, _) = start_samples(1, 4096, SampleTimeout::Off, 1);
+    // Samples of 2 ms: past the default target, one per task.
+    run_batches(&mut engine, &[8; 8], &[2_000]);
+    assert_eq!(engine.run_length(), 1);
+    // Worker processes' tasks cost a round trip: a 100 ms target groups them.
+    engine.set_run_target(Duration::from_millis(100));
+    assert!(
+        engine.run_length() > 4,
+        "run length {} for 2 ms samples and a 100 ms target",
+        engine.run_length()
+    );
+    engine.shutdown(Duration::from_secs(10));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
 

@@ -1,0 +1,259 @@
+"""Messages between a worker process and the loader, over a Unix socket.
+
+A message is pickled, except its large tensors and numpy arrays: those are
+put in shared memory once (where they are not there already, as a batch
+torch's ``default_collate`` built in a worker process is) and travel as
+file descriptors beside the pickle (``SCM_RIGHTS``). The receiver maps the
+same pages, so a sample's payload is written once by the worker and copied
+at most once more, into its batch; nothing large goes through the socket.
+
+This uses torch's own shared-memory storages (what ``torch.multiprocessing``
+sends between processes), through the private methods torch's reductions
+use. Where a torch lacks them, or the sharing strategy is not
+``file_descriptor``, every payload is pickled instead: slower, never wrong.
+"""
+
+from __future__ import annotations
+
+import array
+import io
+import os
+import pickle
+import socket
+import struct
+import threading
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import torch
+import torch.multiprocessing
+
+# Below this, pickling the bytes costs less than a shared-memory mapping.
+SHARE_MIN_BYTES = 64 * 1024
+# Descriptors per message, below the kernel's SCM_MAX_FD (253); payloads
+# past it are pickled.
+MAX_FDS = 240
+# (pickle length, descriptors sent with it)
+_HEADER = struct.Struct("<QI")
+
+_new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+_from_fd = getattr(torch.UntypedStorage, "_new_shared_fd_cpu", None)
+_SHARE_FD = "_share_fd_cpu_"
+
+
+def _can_share() -> bool:
+    return (
+        _new_shared is not None
+        and _from_fd is not None
+        and hasattr(torch.UntypedStorage, _SHARE_FD)
+        and torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
+    )
+
+
+class Payload:
+    """A message ready to send: its pickle, its descriptors, and the storages
+    that own those descriptors (kept alive until every send is done)."""
+
+    __slots__ = ("data", "fds", "keep")
+
+    def __init__(self, data: bytes, fds: list[int], keep: list[Any]) -> None:
+        self.data = data
+        self.fds = fds
+        self.keep = keep
+
+
+class _SharingPickler(cloudpickle.Pickler):
+    """cloudpickle (what ``__main__`` defines goes by value: a worker process
+    never imports the training script), with large payloads shared."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.share = _can_share()
+        self.fds: list[int] = []
+        self.keep: list[Any] = []
+        self.slots: dict[int, int] = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        # Exact types: subclasses (nn.Parameter, masked arrays) keep their own pickling.
+        if type(obj) is torch.Tensor and _plain_tensor(obj):
+            if obj.nbytes < SHARE_MIN_BYTES or not self.share or len(self.fds) >= MAX_FDS:
+                return _small_tensor(obj)
+            reduced = self._tensor(obj)
+            if reduced is not NotImplemented:
+                return reduced
+        if self.share and len(self.fds) < MAX_FDS:
+            if (
+                type(obj) is np.ndarray
+                and obj.nbytes >= SHARE_MIN_BYTES
+                and obj.dtype.kind in "biufc"
+            ):
+                return self._array(obj)
+        return super().reducer_override(obj)
+
+    def _slot(self, storage: Any) -> tuple[int, int]:
+        fd, size = getattr(storage, _SHARE_FD)()
+        key = storage.data_ptr()
+        slot = self.slots.get(key)
+        if slot is None:
+            slot = self.slots[key] = len(self.fds)
+            self.fds.append(fd)
+            self.keep.append(storage)
+        return slot, size
+
+    def _fresh(self, nbytes: int) -> Any:
+        assert _new_shared is not None
+        return _new_shared(max(nbytes, 1))
+
+    def _tensor(self, tensor: torch.Tensor) -> Any:
+        storage = tensor.untyped_storage()
+        # A view of a much larger storage is copied alone, not its whole base.
+        if not storage.is_shared() or storage.nbytes() > 2 * tensor.nbytes:
+            shared = self._fresh(tensor.nbytes)
+            copy = torch.empty((0,), dtype=tensor.dtype).set_(shared, 0, tensor.shape)
+            copy.copy_(tensor)
+            tensor, storage = copy, shared
+        try:
+            slot, size = self._slot(storage)
+        except RuntimeError:  # shared another way (file_system): pickle it
+            return NotImplemented
+        args = (slot, size, tensor.dtype, tensor.storage_offset(), tuple(tensor.shape))
+        return _rebuild_tensor, (*args, tuple(tensor.stride()))
+
+    def _array(self, data: np.ndarray) -> Any:
+        shared = self._fresh(data.nbytes)
+        raw = torch.empty((0,), dtype=torch.uint8).set_(shared, 0, (data.nbytes,)).numpy()
+        np.copyto(raw.view(data.dtype).reshape(data.shape), data, casting="no")
+        slot, size = self._slot(shared)
+        return _rebuild_array, (slot, size, data.dtype, data.shape, data.nbytes)
+
+
+# Same-size integer types, for dtypes numpy lacks (bfloat16, float8...).
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _small_tensor(tensor: torch.Tensor) -> Any:
+    """A small tensor as its bytes: torch's own pickling of a storage goes
+    through ``torch.save``, ten times slower for a sample's few values."""
+    data = tensor.detach().contiguous()
+    try:
+        array = data.numpy()
+    except TypeError:
+        array = data.view(_BITS[data.element_size()]).numpy()
+    return _rebuild_small, (array, tensor.dtype)
+
+
+def _rebuild_small(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    tensor = torch.from_numpy(array)
+    return tensor if tensor.dtype == dtype else tensor.view(dtype)
+
+
+def _plain_tensor(tensor: torch.Tensor) -> bool:
+    return (
+        tensor.device.type == "cpu"
+        and tensor.layout == torch.strided
+        and not tensor.requires_grad
+        and not tensor.is_conj()
+        and not tensor.is_neg()
+        and not tensor.is_quantized
+    )
+
+
+def dumps(obj: Any) -> Payload:
+    buffer = io.BytesIO()
+    pickler = _SharingPickler(buffer)
+    pickler.dump(obj)
+    return Payload(buffer.getvalue(), pickler.fds, pickler.keep)
+
+
+# The descriptors of the message being unpickled on this thread.
+_received = threading.local()
+
+
+def _storage(slot: int, size: int) -> Any:
+    storages = _received.storages
+    storage = storages.get(slot)
+    if storage is None:
+        assert _from_fd is not None
+        storage = storages[slot] = _from_fd(_received.fds[slot], size)
+    return storage
+
+
+def _rebuild_tensor(
+    slot: int, size: int, dtype: torch.dtype, offset: int, shape: tuple, stride: tuple
+) -> torch.Tensor:
+    return torch.empty((0,), dtype=dtype).set_(_storage(slot, size), offset, shape, stride)
+
+
+def _rebuild_array(slot: int, size: int, dtype: Any, shape: tuple, nbytes: int) -> np.ndarray:
+    raw = torch.empty((0,), dtype=torch.uint8).set_(_storage(slot, size), 0, (nbytes,))
+    return raw.numpy().view(dtype).reshape(shape)
+
+
+def loads(data: bytes | bytearray, fds: list[int]) -> Any:
+    """Unpickles a message; closes its descriptors (the storages mapped
+    from them hold their own)."""
+    _received.fds, _received.storages = fds, {}
+    try:
+        return pickle.loads(data)
+    finally:
+        _received.fds, _received.storages = (), {}
+        for fd in fds:
+            os.close(fd)
+
+
+def send(sock: socket.socket, obj: Any) -> None:
+    send_payload(sock, dumps(obj))
+
+
+def send_payload(sock: socket.socket, payload: Payload) -> None:
+    header = _HEADER.pack(len(payload.data), len(payload.fds))
+    if payload.fds:
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", payload.fds))]
+        sent = sock.sendmsg([header], ancillary)
+    else:
+        sent = sock.send(header)
+    if sent < len(header):
+        sock.sendall(header[sent:])
+    sock.sendall(payload.data)
+
+
+def recv(sock: socket.socket) -> Any:
+    """The next message; EOFError when the other end is gone."""
+    header, fds = _recv_header(sock)
+    try:
+        length, _ = _HEADER.unpack(header)
+        data = bytearray(length)
+        view = memoryview(data)
+        got = 0
+        while got < length:
+            count = sock.recv_into(view[got:])
+            if count == 0:
+                raise EOFError("the other end closed the socket mid-message")
+            got += count
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return loads(data, fds)
+
+
+def _recv_header(sock: socket.socket) -> tuple[bytes, list[int]]:
+    space = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+    message, ancillary, _, _ = sock.recvmsg(_HEADER.size, space, socket.MSG_CMSG_CLOEXEC)
+    if not message:
+        raise EOFError("the other end closed the socket")
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received = array.array("i")
+            received.frombytes(data[: len(data) - len(data) % received.itemsize])
+            fds.extend(received)
+    while len(message) < _HEADER.size:
+        more = sock.recv(_HEADER.size - len(message))
+        if not more:
+            for fd in fds:
+                os.close(fd)
+            raise EOFError("the other end closed the socket mid-message")
+        message += more
+    return message, fds

@@ -1,0 +1,383 @@
+"""Worker processes: one more kind of worker under the same engine.
+
+With processes, each engine worker thread owns one worker process and hands
+it its tasks: the thread sends the task over a Unix socket and waits with
+the GIL released, the process runs the dataset and answers. Everything else
+stays the engine's, unchanged: sample-level batching and the slow lane,
+per-sample timeouts, the adaptive pool (a thread added starts its process),
+stats, exactly-once resume, persistent workers. Exceptions keep their type,
+worker id and sample index; large tensors and arrays come back in shared
+memory (minato._ipc).
+
+Start: never by forking this process, which runs threads (the engine's,
+torch's, the user's) whose locks a fork would copy held. Worker processes
+fork from minato's fork server instead (minato._zygote): a fresh
+interpreter started by fork+exec (safe with threads), which imports torch
+and minato once (``warm_up`` starts it in the background), so a worker
+process then starts in milliseconds, and never imports ``__main__``.
+The dataset and the rest of the worker's spec are pickled once per engine
+and the same bytes sent to every worker process it starts (its tensors in
+shared memory, shared by all of them).
+
+Hard limit: a process, unlike a thread, can be stopped. A task that runs
+past ``sample_hard_timeout`` seconds per sample has its process killed and
+fails with a RuntimeError naming the sample (``on_error="skip"`` skips it);
+a run of several samples is first re-run one sample at a time, so only the
+one that hangs again fails. A worker process that dies (``kill -9``, a
+crash in a decoder) fails its task the same way. Either way the thread
+starts a new process for its next task: an index is delivered once or
+reported failed, never lost or repeated.
+
+No process outlives its loader: the thread's end of the socket closing
+(the engine stopped, the loader collected, the interpreter exiting, this
+process killed) makes the worker process exit at once, even mid-task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from torch._utils import ExceptionWrapper
+
+from minato import _ipc, _zygote
+from minato._failures import SampleFailure, Skipped
+from minato._worker import EXHAUSTED, WorkerSpec
+from minato._worker_method import WorkerMethod
+
+
+class _Zygote:
+    """The fork server worker processes come from (see minato._zygote)."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        code = (
+            "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+            "from minato._zygote import serve; serve(int(sys.argv[2]))"
+        )
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", code, json.dumps(sys.path), str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        if ours.recv(1) != b"r":
+            raise RuntimeError("minato's fork server failed to start (see its output above)")
+
+    def fork(self, worker_end: socket.socket) -> int:
+        """Starts a worker process on `worker_end`; returns its pid."""
+        with self.lock:
+            socket.send_fds(self.sock, [b"f"], [worker_end.fileno()])
+            answer = b""
+            while len(answer) < _zygote.PID.size:
+                more = self.sock.recv(_zygote.PID.size - len(answer))
+                if not more:
+                    raise EOFError("minato's fork server exited")
+                answer += more
+        return int(_zygote.PID.unpack(answer)[0])
+
+
+_zygote_lock = threading.Lock()
+_the_zygote: _Zygote | None = None
+# Set when the zygote has started (or failed to) in this process.
+_zygote_started = threading.Event()
+
+
+def _zygote_now() -> _Zygote:
+    """The running zygote of this process, started if need be (waits)."""
+    global _the_zygote
+    with _zygote_lock:
+        zygote = _the_zygote
+        if zygote is None or zygote.pid != os.getpid() or zygote.process.poll() is not None:
+            try:
+                zygote = _the_zygote = _Zygote()
+            finally:
+                _zygote_started.set()
+        return zygote
+
+
+def warm_up() -> None:
+    """Starts the fork server in the background (it imports torch and
+    minato, about a second here) so that worker processes, when wanted,
+    start in milliseconds."""
+    zygote = _the_zygote
+    if zygote is not None and zygote.pid == os.getpid():
+        return
+    threading.Thread(target=_warm, name="minato fork server", daemon=True).start()
+
+
+def _warm() -> None:
+    try:
+        _zygote_now()
+    except Exception:  # reported again when a worker process is started
+        pass
+
+
+def fork_server_ready() -> bool:
+    zygote = _the_zygote
+    return zygote is not None and zygote.pid == os.getpid()
+
+
+def _no_stream_skip(_stream: int) -> int:
+    return 0
+
+
+class WorkerProcess:
+    """One worker process and the socket to it."""
+
+    def __init__(self, workers: ProcessWorkers, worker_id: int, samples: bool) -> None:
+        self.worker_id = worker_id
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            try:
+                self.pid = _zygote_now().fork(theirs)
+            except (EOFError, OSError):  # the fork server died: once more, with a new one
+                self.pid = _zygote_now().fork(theirs)
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.owner = os.getpid()
+        # Collected with its worker thread's runner (the pool shrank): the
+        # socket closes and the process leaves.
+        weakref.finalize(self, ours.close)
+        workers.adopt(self)
+        _ipc.send(ours, (worker_id, samples))
+        _ipc.send_payload(ours, workers.spec_payload())
+
+    def call(self, message: Any, limit: float | None) -> Any:
+        """Sends a task and waits for its answer (socket waits release the
+        GIL): TimeoutError past `limit`, EOFError/OSError if the process died."""
+        self.sock.settimeout(None)
+        _ipc.send(self.sock, message)
+        self.sock.settimeout(limit)
+        return _ipc.recv(self.sock)
+
+    def stop(self, kill: bool = False) -> None:
+        """Closes the socket (the process leaves at once, see
+        minato._process_child); `kill` also sends SIGKILL. In a fork child the
+        process belongs to the parent: left alone."""
+        if os.getpid() != self.owner:
+            return
+        if kill:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.sock.close()
+
+    def exit_description(self) -> str:
+        """How the process ended, as far as can be seen from here (the fork
+        server, not this process, is its parent and reaps it)."""
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{self.pid}/stat") as stat:
+                    state = stat.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                break  # reaped
+            if state in "ZX":
+                break
+            time.sleep(0.01)
+        else:
+            return "closed its connection unexpectedly"
+        return "exited unexpectedly (killed, or crashed)"
+
+
+class ProcessWorkers:
+    """The worker processes of one engine, and the runners that use them."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        method: WorkerMethod,
+        *,
+        collate_fn: Callable[[Any], Any],
+        hard_timeout: float | None,
+        per_task_switch: bool,
+    ) -> None:
+        self.spec = spec
+        self.method = method
+        # The user's collate: a pinned batch cannot be shared between processes.
+        self.child_spec = dataclasses.replace(
+            spec, collate_fn=collate_fn, take_stream_skip=_no_stream_skip
+        )
+        self.hard_timeout = hard_timeout
+        self.forced = method.processes and method.requested == "multiprocessing"
+        # Whether a map-style loader may move between tasks (otherwise an
+        # IterableDataset's worker moves at its epoch's start, a loader that
+        # deals in turn when its workers start).
+        self.per_task_switch = per_task_switch
+        self._lock = threading.Lock()
+        self._payload: _ipc.Payload | None = None
+        self._processes: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
+        self.closed = False
+        _live.add(self)
+
+    def spec_payload(self) -> _ipc.Payload:
+        """The spec, pickled once for every process this engine starts."""
+        with self._lock:
+            if self._payload is None:
+                self._payload = _ipc.dumps(self.child_spec)
+            return self._payload
+
+    def check_picklable(self) -> str | None:
+        """Why the spec cannot go to a worker process, or None."""
+        try:
+            self.spec_payload()
+        except Exception as error:  # pickling raises many types
+            return f"the dataset or a function it needs cannot be pickled ({error})"
+        return None
+
+    def adopt(self, process: WorkerProcess) -> None:
+        with self._lock:
+            self._processes.add(process)
+            closed = self.closed
+        if closed:
+            process.stop(kill=True)
+
+    def close(self) -> None:
+        """Stops every worker process (the engine has stopped)."""
+        with self._lock:
+            self.closed = True
+            processes = list(self._processes)
+            self._payload = None
+        for process in processes:
+            process.stop(kill=True)
+
+    def runner(
+        self, worker_id: int, samples: bool, thread_run: Callable[[int, Any], Any] | None
+    ) -> Callable[[int, Any], Any]:
+        """A worker thread's `run`: its process's, or its own (`thread_run`)
+        while the loader is on threads."""
+        remote = _Remote(self, worker_id, samples)
+        if thread_run is None:
+            return remote.run
+        method = self.method
+        if not self.per_task_switch and not self.spec.is_iterable:
+            # Deals in turn: the method is fixed for the workers' life.
+            return remote.run if method.processes else thread_run
+        epoch_on_processes: dict[int, bool] = {}
+
+        def run(epoch: int, task: Any) -> Any:
+            if self.per_task_switch:
+                on_processes = method.processes
+            else:  # a stream moves at its epoch's start only
+                on_processes = epoch_on_processes.setdefault(epoch, method.processes)
+                if len(epoch_on_processes) > 2:
+                    epoch_on_processes.pop(min(epoch_on_processes))
+            return remote.run(epoch, task) if on_processes else thread_run(epoch, task)
+
+        return run
+
+
+_live: weakref.WeakSet[ProcessWorkers] = weakref.WeakSet()
+
+
+def stop_all() -> None:
+    """At interpreter exit: every worker process goes."""
+    for workers in list(_live):
+        workers.close()
+
+
+class _Remote:
+    """A worker thread's side of its worker process."""
+
+    def __init__(self, workers: ProcessWorkers, worker_id: int, samples: bool) -> None:
+        self.workers = workers
+        self.worker_id = worker_id
+        self.samples = samples
+        self.process: WorkerProcess | None = None
+        self.epoch: int | None = None
+        self.stream_lost: int | None = None
+
+    def _process(self) -> WorkerProcess:
+        if self.process is None:
+            self.process = WorkerProcess(self.workers, self.worker_id, self.samples)
+        return self.process
+
+    def run(self, epoch: int, task: Any) -> Any:
+        spec = self.workers.spec
+        skip = None
+        if spec.is_iterable and epoch != self.epoch:
+            self.epoch = epoch
+            skip = spec.take_stream_skip(self.worker_id)
+        if spec.is_iterable and self.stream_lost == epoch:
+            return EXHAUSTED  # its process died: this epoch's stream is gone
+        count = len(task) if self.samples else 1
+        limit = self.workers.hard_timeout
+        try:
+            process = self._process()
+            answer = process.call((epoch, task, skip), None if limit is None else limit * count)
+        except TimeoutError:
+            assert self.process is not None
+            return self._lost(epoch, task, "timed out")
+        except (EOFError, OSError):
+            if self.process is None:
+                raise
+            return self._lost(epoch, task, "died")
+        return EXHAUSTED if answer is None else answer[0]
+
+    def _lost(self, epoch: int, task: Any, how: str) -> Any:
+        """The process is gone, killed past the hard limit or dead: its task
+        fails (a run of samples is re-run one by one first), and the next
+        task starts a new process."""
+        process = self.process
+        assert process is not None
+        self.process = None
+        process.stop(kill=True)
+        timed_out = how == "timed out"
+        if self.samples and len(task) > 1:
+            return [sample for item in task for sample in self.run(epoch, [item])]
+        if self.workers.spec.is_iterable:
+            self.stream_lost = epoch
+        where = f"DataLoader worker process {self.worker_id} (pid {process.pid})"
+        if timed_out:
+            message = (
+                f"{where} was killed: its task ran past sample_hard_timeout="
+                f"{self.workers.hard_timeout}s per sample"
+            )
+        else:
+            message = f"{where} {process.exit_description()}"
+        return self._failed(task, message)
+
+    def _failed(self, task: Any, message: str) -> Any:
+        spec = self.workers.spec
+        error = RuntimeError(message)
+        if self.samples:
+            failed = []
+            for tag, index in task:
+                if spec.skip_errors:
+                    failure = SampleFailure(index, self.worker_id, "RuntimeError", message)
+                    failed.append(Skipped(tag, failure))
+                else:
+                    failed.append((tag, self._wrapper(error, index)))
+            return failed
+        tag, index = (self.worker_id, None) if spec.is_iterable else task
+        if spec.skip_errors:
+            indices = index if spec.auto_collation and index is not None else [index]
+            failures = [SampleFailure(i, self.worker_id, "RuntimeError", message) for i in indices]
+            return tag, (0, None, failures)
+        return tag, self._wrapper(error, index)
+
+    def _wrapper(self, error: RuntimeError, index: Any) -> ExceptionWrapper:
+        noun = "sample indices" if isinstance(index, list) else "sample index"
+        what = "" if index is None else f" ({noun} {index})"
+        return ExceptionWrapper(
+            exc_info=(RuntimeError, error, None),
+            where=f"in DataLoader worker process {self.worker_id}{what}",
+        )

@@ -1,0 +1,96 @@
+"""The main function of a worker process (see minato._process).
+
+It is set up as torch sets up a worker process (``_worker_loop``): the
+globals seeded from ``base_seed + worker_id``, ``torch.set_num_threads(1)``,
+torch's ``WorkerInfo`` (``worker_method="multiprocessing"``), then
+``worker_init_fn``. It then runs the same fetch code as a worker thread,
+one task per message, and answers each with its result. It leaves when the
+loader's end of the socket closes, even in the middle of a task (the loader
+is gone or stopped it), and ignores Ctrl-C, which the loader handles.
+
+The fork server imports this module once, so a worker process starts with
+torch and minato already imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import random
+import select
+import signal
+import socket
+import threading
+from typing import Any
+
+import torch
+from torch.utils.data._utils import worker as _torch_worker
+
+import minato  # noqa: F401  # the fork server imports the whole package once
+from minato import _ipc
+from minato._worker import EXHAUSTED, WORKER_NOUN, WorkerSpec, make_runner
+
+
+class _StreamSkip:
+    """An IterableDataset's resumed epoch: batches this worker's stream
+    drops first, as the loader sends them with the epoch's first task."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def take(self, _stream: int) -> int:
+        count, self.count = self.count, 0
+        return count
+
+
+def _exit_with_loader(sock: socket.socket) -> None:
+    """Leaves at once when the loader's end closes (the loader stopped this
+    worker, or its process died), even while the dataset's code runs."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLRDHUP)
+    while True:
+        for _, events in poller.poll():
+            if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                os._exit(0)
+
+
+def _set_up(spec: WorkerSpec, worker_id: int) -> None:
+    torch.set_num_threads(1)
+    seed = spec.base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    import numpy as np
+
+    np.random.seed(_torch_worker._generate_state(spec.base_seed, worker_id))
+    _torch_worker._worker_info = _torch_worker.WorkerInfo(
+        id=worker_id,
+        num_workers=spec.num_workers,
+        seed=seed,
+        dataset=spec.dataset,
+        worker_method="multiprocessing",
+    )
+
+
+def main(sock: socket.socket) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_loader, args=(sock,), daemon=True).start()
+    WORKER_NOUN["noun"] = "process"
+    try:
+        worker_id, samples = _ipc.recv(sock)
+        spec = _ipc.recv(sock)
+    except EOFError:
+        return
+    stream_skip = _StreamSkip()
+    spec = dataclasses.replace(spec, take_stream_skip=stream_skip.take)
+    _set_up(spec, worker_id)
+    run = make_runner(spec, spec.dataset, worker_id, contextlib.nullcontext(), samples=samples)
+    while True:
+        try:
+            epoch, task, skip = _ipc.recv(sock)
+        except EOFError:
+            return
+        if skip is not None:
+            stream_skip.count = skip
+        output: Any = run(epoch, task)
+        _ipc.send(sock, None if output is EXHAUSTED else (output,))

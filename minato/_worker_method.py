@@ -1,0 +1,188 @@
+"""Threads or processes: how a loader's workers run, and the automatic choice.
+
+``worker_method`` takes torch's ``WorkerInfo.worker_method`` values,
+``"thread"`` and ``"multiprocessing"``, or ``"auto"`` (the default). Auto
+starts on threads, which win wherever the work releases the GIL (I/O,
+numpy, torch ops, minato.io): no start-up, no copies. From what it measures
+while loading it moves the loader to worker processes when the dataset's
+Python holds the GIL, which threads can only share:
+
+- the workers' GIL wait: the share of their fetch time spent waiting to
+  take the GIL (measured in Rust at every task); high when the dataset's
+  Python serialises the threads;
+- the training loop's GIL delay: how long the loop's thread waits to take
+  the GIL back after releasing it, as every torch op it runs does. The
+  loader probes it on the loop's thread between batches (a bare release and
+  re-take, a few microseconds when no worker holds the GIL, up to the
+  interpreter's 5 ms switch interval when one does); high when worker
+  threads slow the training loop, even a single worker.
+
+Either past its threshold moves the loader to processes, once, for good;
+both well below it for ``DECIDE_AFTER_S`` keeps threads and ends the
+probing. On free-threaded Python (no GIL) auto always keeps threads. The
+decision and its reason are in ``stats()`` and logged once (INFO, the
+``minato`` logger).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+from minato._stats import logger
+
+WORKER_METHODS = ("auto", "thread", "multiprocessing")
+
+# Workers that wait this share of their fetch time for the GIL are serialised by it.
+GIL_BOUND_SHARE = 0.25
+# A loop that waits this long on average to take the GIL back is slowed by the workers.
+LOOP_DELAY_BOUND_S = 0.001
+# Evidence wanted before deciding: time since the workers started...
+MIN_WINDOW_S = 0.2
+# ...samples loaded, and probes of the loop's GIL delay.
+MIN_SAMPLES = 16
+MIN_PROBES = 8
+# Both signals low for this long: threads stay, and probing ends.
+DECIDE_AFTER_S = 1.0
+# Probes of the loop's GIL delay, at most this often.
+PROBE_INTERVAL_S = 0.02
+
+
+def check_worker_method(worker_method: object) -> None:
+    if worker_method not in WORKER_METHODS:
+        raise ValueError(
+            'worker_method option should be "auto", "thread" or "multiprocessing", '
+            f"but got worker_method={worker_method!r}"
+        )
+
+
+def gil_enabled() -> bool:
+    is_enabled = getattr(sys, "_is_gil_enabled", None)
+    return True if is_enabled is None else bool(is_enabled())
+
+
+@dataclass
+class _Window:
+    started: float
+    gil_wait: float
+    busy: float
+    samples: int
+
+
+class WorkerMethod:
+    """A loader's worker method: the one in use, why, and (auto) the
+    measurements that decide it. Lives as long as the loader: a decision
+    holds for its later epochs."""
+
+    def __init__(self, requested: str) -> None:
+        self.requested = requested
+        # What worker threads read before each task: whether to hand it to
+        # their process. Auto sets it once the fork server is up (activate).
+        self.processes = requested == "multiprocessing"
+        self.wants_processes = self.processes
+        self.decided = requested != "auto"
+        self.reason = {
+            "thread": 'worker_method="thread"',
+            "multiprocessing": 'worker_method="multiprocessing"',
+            "auto": "auto: threads until the measurements decide",
+        }[requested]
+        if requested == "auto" and not gil_enabled():
+            self.decided = True
+            self.reason = "auto: free-threaded Python, threads run in parallel"
+        self._window: _Window | None = None
+        self._probe_total = 0.0
+        self._probes = 0
+        self._next_probe = 0.0
+        # Every probe taken, for stats().
+        self.probe_total = 0.0
+        self.probes = 0
+
+    @property
+    def name(self) -> str:
+        """torch's name for the method in use."""
+        return "multiprocessing" if self.processes else "thread"
+
+    def restart_window(self, figures: dict[str, float] | None = None) -> None:
+        """Measurements start over (new workers: their start-up is not evidence)."""
+        self._window = None if figures is None else self._window_of(figures)
+        self._probe_total, self._probes = 0.0, 0
+
+    @staticmethod
+    def _window_of(figures: dict[str, float]) -> _Window:
+        samples = int(figures["samples_loaded"])
+        return _Window(time.perf_counter(), figures["gil_wait"], figures["busy"], samples)
+
+    def wants_probe(self, now: float) -> bool:
+        return not self.decided and now >= self._next_probe
+
+    def probe(self) -> None:
+        """Measures, on the training loop's thread, how long taking the GIL
+        back after releasing it takes (``time.sleep(0)`` releases it)."""
+        started = time.perf_counter()
+        time.sleep(0)
+        now = time.perf_counter()
+        delay = now - started
+        self._next_probe = now + PROBE_INTERVAL_S
+        self._probe_total += delay
+        self._probes += 1
+        self.probe_total += delay
+        self.probes += 1
+
+    def observe(self, figures: dict[str, float]) -> bool:
+        """Judges the live engine's figures; True when the loader should move
+        to processes now."""
+        if self.decided:
+            return False
+        window = self._window
+        if window is None:
+            self._window = self._window_of(figures)
+            return False
+        elapsed = time.perf_counter() - window.started
+        samples = int(figures["samples_loaded"]) - window.samples
+        if elapsed < MIN_WINDOW_S or samples < MIN_SAMPLES or self._probes < MIN_PROBES:
+            return False
+        busy = figures["busy"] - window.busy
+        share = (figures["gil_wait"] - window.gil_wait) / busy if busy > 0 else 0.0
+        delay = self._probe_total / self._probes
+        if share >= GIL_BOUND_SHARE:
+            return self._decide(
+                True,
+                f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
+            )
+        if delay >= LOOP_DELAY_BOUND_S:
+            return self._decide(
+                True,
+                f"auto: the training loop waited {delay * 1e3:.1f} ms on average to take "
+                "the GIL back from worker threads",
+            )
+        if elapsed >= DECIDE_AFTER_S:
+            self._decide(
+                False,
+                f"auto: the work releases the GIL (workers' GIL wait {share:.0%}, "
+                f"loop's GIL delay {delay * 1e3:.2f} ms)",
+            )
+        return False
+
+    def _decide(self, processes: bool, reason: str) -> bool:
+        self.decided = True
+        self.wants_processes = processes
+        self.reason = reason
+        what = "moving to worker processes" if processes else "keeping worker threads"
+        logger.info("minato: %s (%s)", what, reason)
+        return processes
+
+    def activate(self) -> None:
+        """Workers hand their next tasks to processes."""
+        self.processes = True
+
+    def cannot_use_processes(self, why: str) -> None:
+        """Processes cannot run this loader (auto only): threads for good."""
+        self.decided = True
+        self.processes = self.wants_processes = False
+        self.reason = f"auto: threads, as {why}"
+        logger.info("minato: keeping worker threads (%s)", self.reason)
+
+    @property
+    def loop_gil_delay(self) -> float | None:
+        return self.probe_total / self.probes if self.probes else None

@@ -1,0 +1,63 @@
+"""minato's fork server: the process worker processes are forked from.
+
+A loader's process runs threads (the engine's, torch's, the user's), and
+forking it would copy their locks held, so worker processes are never
+forked from it. The zygote is a fresh interpreter started by fork+exec
+(``subprocess``, safe with threads): it imports torch and minato once,
+single-threaded, then forks one worker process per request. Unlike
+multiprocessing's fork server it never imports the user's ``__main__``
+(which, without an ``if __name__ == "__main__"`` guard, would run the
+training script again in every worker): the worker's spec is pickled with
+cloudpickle, which sends what ``__main__`` defines by value.
+
+Protocol, over a Unix socket: the loader sends a request with one file
+descriptor (the worker's end of its own socket); the zygote forks, the
+child runs ``minato._process_child.main`` on it, and the zygote answers
+the child's pid. The zygote leaves when the loader's end closes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import sys
+
+# The zygote's answer to a request: the worker's pid.
+PID = struct.Struct("<q")
+
+
+def serve(fd: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the loader handles Ctrl-C
+    # Exited workers are reaped by the kernel: none lingers as a zombie.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    control = socket.socket(fileno=fd)
+    from minato import _process_child
+
+    control.sendall(b"r")  # ready: torch and minato are imported
+    while True:
+        try:
+            _, fds, _, _ = socket.recv_fds(control, 1, 1)
+        except OSError:
+            os._exit(0)
+        if not fds:  # the loader's end closed
+            os._exit(0)
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            code = 0
+            try:
+                _process_child.main(socket.socket(fileno=fds[0]))
+            except BaseException:
+                code = 1
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        os.close(fds[0])
+        control.sendall(PID.pack(pid))

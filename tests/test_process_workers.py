@@ -1,0 +1,485 @@
+"""Worker processes (worker_method="multiprocessing") and the automatic choice.
+
+Side by side with torch's DataLoader where torch has the behaviour; fault
+tests (a worker killed, a sample hung past the hard limit, Ctrl-C,
+interpreter exit, the loader's process killed) count the processes left.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+import minato
+from minato import _process
+
+pytestmark = pytest.mark.timeout(120)
+
+MARK = "MINATO_PROCESS_TEST_MARK"
+
+
+class Described(Dataset):
+    """Each sample says which process and worker loaded it, and how seeded."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, index: int):
+        info = get_worker_info()
+        return {
+            "index": index,
+            "pid": os.getpid(),
+            "worker": info.id,
+            "method": info.worker_method,
+            "seed": torch.initial_seed(),
+            "info_seed": info.seed,
+        }
+
+
+class Payloads(Dataset):
+    """Large and small tensors and arrays, bfloat16 included."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index: int):
+        return {
+            "big": torch.full((64, 1024), float(index)),
+            "small": torch.tensor([index, -index]),
+            "array": np.full((128, 256), index, dtype=np.int32),
+            "half": torch.full((40_000,), index, dtype=torch.bfloat16),
+            "view": torch.arange(100_000)[index : index + 20_000],
+        }
+
+
+class Raises(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        if index == 3:
+            raise KeyError(f"no sample {index}")
+        return index
+
+
+class KillsItself(Dataset):
+    """Sample 5 kills its worker process (as ``kill -9`` would)."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, index: int) -> int:
+        if index == 5 and get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return index
+
+
+class Hangs(Dataset):
+    """Sample 3 never finishes."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, index: int) -> int:
+        if index == 3:
+            time.sleep(600)
+        return index
+
+
+class Sharded(IterableDataset):
+    """torch's documented recipe: each worker takes its share of the range."""
+
+    def __init__(self, start: int = 0, end: int = 30) -> None:
+        self.start, self.end = start, end
+
+    def __iter__(self):
+        return iter(range(self.start, self.end))
+
+
+def shard(worker_id: int) -> None:
+    info = get_worker_info()
+    dataset = info.dataset
+    per = (dataset.end - dataset.start + info.num_workers - 1) // info.num_workers
+    dataset.start = dataset.start + worker_id * per
+    dataset.end = min(dataset.start + per, dataset.end)
+
+
+class PurePython(Dataset):
+    """Python that holds the GIL: parsing, tokenising and the like."""
+
+    def __len__(self) -> int:
+        return 4000
+
+    def __getitem__(self, index: int) -> int:
+        total = 0
+        for k in range(3000):
+            total += k * index % 7
+        return index
+
+
+class Sleeps(Dataset):
+    """Work that releases the GIL (I/O)."""
+
+    def __len__(self) -> int:
+        return 4000
+
+    def __getitem__(self, index: int) -> int:
+        time.sleep(0.002)
+        return index
+
+
+def processes_marked(mark: str) -> list[int]:
+    """Processes whose environment carries `mark` (a test's fork server and workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if f"{MARK}={mark}".encode() in environ and "State:\tZ" not in status:
+            found.append(int(entry.name))
+    return found
+
+
+def workers_of_this_process() -> list[int]:
+    """Live worker processes started for this process (the fork server's children)."""
+    zygote = _process._the_zygote
+    if zygote is None or zygote.pid != os.getpid():
+        return []
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        if fields.get("PPid", "").strip() == str(zygote.process.pid) and "Z" not in fields.get(
+            "State", ""
+        ):
+            children.append(int(entry.name))
+    return children
+
+
+def wait_until(condition, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        gc.collect()
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def indices(loader) -> list[int]:
+    return sorted(int(i) for batch in loader for i in batch)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_workers_are_processes_seeded_as_torch_seeds_them(shuffle: bool) -> None:
+    seeded = {}
+    for name, cls, extra in [
+        ("torch", tud.DataLoader, {}),
+        ("minato", minato.DataLoader, {"worker_method": "multiprocessing"}),
+    ]:
+        loader = cls(
+            Described(),
+            batch_size=4,
+            shuffle=shuffle,
+            num_workers=2,
+            generator=torch.Generator().manual_seed(7),
+            **extra,
+        )
+        samples = [s for batch in loader for s in _rows(batch)]
+        assert sorted(s["index"] for s in samples) == list(range(40))
+        assert {s["method"] for s in samples} == {"multiprocessing"}
+        assert os.getpid() not in {s["pid"] for s in samples}
+        seeded[name] = {(s["worker"], s["seed"], s["info_seed"]) for s in samples}
+        for _worker, seed, info_seed in seeded[name]:
+            assert seed == info_seed
+    assert seeded["minato"] == seeded["torch"]
+
+
+def _rows(batch: dict) -> list[dict]:
+    size = len(batch["index"])
+    return [{key: _plain(value[i]) for key, value in batch.items()} for i in range(size)]
+
+
+def _plain(value):
+    return value.item() if isinstance(value, torch.Tensor) else value
+
+
+def test_large_payloads_arrive_in_shared_memory_equal_to_torchs() -> None:
+    torch_batches = list(tud.DataLoader(Payloads(), batch_size=3, num_workers=2))
+    loader = minato.DataLoader(
+        Payloads(), batch_size=3, num_workers=2, worker_method="multiprocessing"
+    )
+    ours = list(loader)
+    assert len(ours) == len(torch_batches)
+    for mine, theirs in zip(ours, torch_batches, strict=True):
+        for key in theirs:
+            assert mine[key].dtype == theirs[key].dtype
+            assert torch.equal(mine[key], theirs[key]), key
+
+
+def test_samples_reordered_across_processes_keep_large_payloads_intact() -> None:
+    loader = minato.DataLoader(
+        Payloads(), batch_size=3, shuffle=True, num_workers=2, worker_method="multiprocessing"
+    )
+    seen = []
+    for batch in loader:
+        for row in range(len(batch["small"])):
+            index = int(batch["small"][row][0])
+            seen.append(index)
+            assert torch.all(batch["big"][row] == index)
+            assert torch.all(batch["array"][row] == index)
+            assert torch.all(batch["half"][row] == index)
+            assert torch.equal(batch["view"][row], torch.arange(index, index + 20_000))
+    assert sorted(seen) == list(range(12))
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_iterable_sharding_recipe_as_torch(persistent: bool) -> None:
+    def run(cls, **extra):
+        loader = cls(
+            Sharded(),
+            batch_size=4,
+            num_workers=3,
+            worker_init_fn=shard,
+            persistent_workers=persistent,
+            **extra,
+        )
+        return [sorted(int(i) for batch in loader for i in batch) for _ in range(2)]
+
+    theirs = run(tud.DataLoader)
+    ours = run(minato.DataLoader, worker_method="multiprocessing")
+    assert ours == theirs == [list(range(30))] * 2
+
+
+def test_exception_keeps_type_worker_and_index() -> None:
+    loader = minato.DataLoader(
+        Raises(), batch_size=2, num_workers=2, worker_method="multiprocessing"
+    )
+    with pytest.raises(KeyError) as caught:
+        list(loader)
+    message = str(caught.value)
+    assert "DataLoader worker process" in message
+    assert "sample index" in message and "3" in message
+
+
+def test_a_worker_killed_fails_its_sample_and_a_new_process_takes_over() -> None:
+    loader = minato.DataLoader(
+        KillsItself(), batch_size=4, num_workers=2, worker_method="multiprocessing"
+    )
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+        list(loader)
+    skipping = minato.DataLoader(
+        KillsItself(),
+        batch_size=4,
+        shuffle=True,
+        num_workers=2,
+        worker_method="multiprocessing",
+        on_error="skip",
+    )
+    assert indices(skipping) == [i for i in range(24) if i != 5]
+    assert [failure.index for failure in skipping.stats().failures] == [5]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_sample_past_the_hard_limit_is_killed_and_reported_once(shuffle: bool) -> None:
+    loader = minato.DataLoader(
+        Hangs(),
+        batch_size=4,
+        shuffle=shuffle,
+        num_workers=2,
+        worker_method="multiprocessing",
+        sample_hard_timeout=1.0,
+        on_error="skip",
+    )
+    started = time.monotonic()
+    delivered = indices(loader)
+    assert time.monotonic() - started < 60
+    failures = loader.stats().failures
+    if shuffle:  # single samples: only the one that hung fails
+        assert delivered == [i for i in range(24) if i != 3]
+        assert [failure.index for failure in failures] == [3]
+    else:  # a batch of fixed indices fails as a whole, as in torch
+        assert 3 in {failure.index for failure in failures}
+        assert sorted(delivered + [f.index for f in failures]) == list(range(24))
+    assert "sample_hard_timeout" in failures[0].message
+    raising = minato.DataLoader(
+        Hangs(),
+        batch_size=4,
+        num_workers=1,
+        worker_method="multiprocessing",
+        sample_hard_timeout=1.0,
+    )
+    with pytest.raises(RuntimeError, match="sample_hard_timeout"):
+        list(raising)
+
+
+def test_no_worker_process_outlives_break_exception_or_collection() -> None:
+    loader = minato.DataLoader(
+        Raises(), batch_size=1, num_workers=2, worker_method="multiprocessing"
+    )
+    with pytest.raises(KeyError):
+        list(loader)
+    assert wait_until(lambda: not workers_of_this_process())
+    loader = minato.DataLoader(
+        Sleeps(), batch_size=2, num_workers=2, worker_method="multiprocessing"
+    )
+    for _ in zip(range(3), loader, strict=False):
+        pass  # break mid-epoch
+    assert wait_until(lambda: not workers_of_this_process())
+    persistent = minato.DataLoader(
+        Sleeps(),
+        batch_size=2,
+        num_workers=2,
+        worker_method="multiprocessing",
+        persistent_workers=True,
+    )
+    iterator = iter(persistent)
+    next(iterator)
+    assert len(workers_of_this_process()) == 2
+    del iterator, persistent
+    assert wait_until(lambda: not workers_of_this_process())
+
+
+_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    import minato
+    from torch.utils.data import Dataset
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 10_000
+        def __getitem__(self, index):
+            time.sleep(0.01)
+            return index
+
+    loader = minato.DataLoader(Slow(), batch_size=2, num_workers=2,
+                               worker_method="multiprocessing", persistent_workers=True)
+    iterator = iter(loader)
+    next(iterator)
+    print("ready", flush=True)
+    if sys.argv[1] == "exit":
+        sys.exit(0)
+    for _ in iterator:
+        pass
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["exit", "ctrl-c", "kill -9"])
+def test_no_worker_process_outlives_its_loaders_process(how: str, tmp_path: Path) -> None:
+    """No ``if __name__ == "__main__"`` guard: worker processes never import the script."""
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    mark = f"{how}-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, MARK: mark}
+    child = subprocess.Popen(
+        [sys.executable, str(script), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == b"ready"
+        assert len(processes_marked(mark)) >= 3  # the fork server and 2 workers
+        if how == "ctrl-c":
+            child.send_signal(signal.SIGINT)
+        elif how == "kill -9":
+            child.kill()
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert wait_until(lambda: not processes_marked(mark)), processes_marked(mark)
+    if how == "ctrl-c":
+        assert b"KeyboardInterrupt" in (child.stderr.read() if child.stderr else b"")
+
+
+def test_auto_moves_a_gil_bound_dataset_to_processes() -> None:
+    loader = minato.DataLoader(PurePython(), batch_size=8, shuffle=True, num_workers=2)
+    assert loader.worker_method == "auto"
+    for _ in range(5):
+        assert indices(loader) == list(range(4000))
+        if loader.stats().worker_method == "multiprocessing":
+            break
+    stats = loader.stats()
+    assert stats.worker_method == "multiprocessing", stats.worker_method_reason
+    assert "GIL" in stats.worker_method_reason
+
+
+def test_auto_keeps_threads_where_the_work_releases_the_gil() -> None:
+    loader = minato.DataLoader(
+        Sleeps(), batch_size=8, shuffle=True, num_workers=2, persistent_workers=True
+    )
+    for _ in range(10):
+        assert indices(loader) == list(range(4000))
+        if "releases the GIL" in (loader.stats().worker_method_reason or ""):
+            break
+    stats = loader.stats()
+    assert stats.worker_method == "thread"
+    assert "releases the GIL" in stats.worker_method_reason
+    assert not workers_of_this_process()
+
+
+def test_the_option_forces_either_way() -> None:
+    threads = minato.DataLoader(PurePython(), batch_size=8, num_workers=2, worker_method="thread")
+    assert indices(threads) == list(range(4000))
+    assert threads.stats().worker_method == "thread"
+    sleeps = minato.DataLoader(
+        Sleeps(), batch_size=8, num_workers=2, worker_method="multiprocessing"
+    )
+    assert indices(sleeps) == list(range(4000))
+    assert sleeps.stats().worker_method == "multiprocessing"
+
+
+def test_options_are_validated() -> None:
+    with pytest.raises(ValueError, match="worker_method"):
+        minato.DataLoader(Sleeps(), num_workers=2, worker_method="fork")
+    with pytest.raises(ValueError, match="a thread cannot be stopped"):
+        minato.DataLoader(Sleeps(), num_workers=2, worker_method="thread", sample_hard_timeout=5)
+    with pytest.raises(ValueError, match="positive"):
+        minato.DataLoader(Sleeps(), num_workers=2, sample_hard_timeout=0)
+    with pytest.raises(TypeError, match="sample_hard_timeout"):
+        minato.DataLoader(Sleeps(), num_workers=2, sample_hard_timeout="1")
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_resume_mid_epoch_with_processes_delivers_the_rest_once(shuffle: bool) -> None:
+    def make():
+        return minato.DataLoader(
+            Sleeps(),
+            batch_size=10,
+            shuffle=shuffle,
+            num_workers=2,
+            worker_method="multiprocessing",
+            generator=torch.Generator().manual_seed(3),
+        )
+
+    first = make()
+    iterator = iter(first)
+    before = [int(i) for _, batch in zip(range(30), iterator, strict=False) for i in batch]
+    state = first.state_dict()
+    del iterator
+    resumed = make()
+    resumed.load_state_dict(state)
+    after = [int(i) for batch in resumed for i in batch]
+    assert sorted(before + after) == list(range(4000))
