@@ -55,7 +55,8 @@ class LoaderStats:
     """(seconds since the loader's first iterator started, worker count) at
     each start of workers and each change the adaptive controller made."""
     fetch_p50: float | None = None
-    """Median time a worker spent on one sample (recent samples)."""
+    """Median time a worker spent on one sample (recent samples), not counting
+    its wait to take the GIL (``gil_wait``)."""
     fetch_p90: float | None = None
     fetch_p99: float | None = None
     gil_wait: float = 0.0

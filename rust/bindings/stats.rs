@@ -2,12 +2,12 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::engine::{ControllerConfig, EngineStats};
+use crate::engine::{ControllerConfig, EngineStats, TaskClock};
 
 /// Nanoseconds worker threads spent waiting to take the GIL, shared by an
 /// engine's worker hooks and its Python handle.
@@ -15,11 +15,13 @@ use crate::engine::{ControllerConfig, EngineStats};
 pub(crate) struct GilWait(Arc<AtomicU64>);
 
 impl GilWait {
-    /// Runs `f` attached to the interpreter, counting the wait for the GIL.
-    pub fn attach<T>(&self, f: impl for<'py> FnOnce(Python<'py>) -> T) -> T {
-        let asked = Instant::now();
+    /// Runs `f` attached to the interpreter, counting the wait for the GIL,
+    /// and reporting it to the task's `clock` as a pause: a worker waiting
+    /// for the GIL is not slow, and no replacement thread would help it.
+    pub fn attach<T>(&self, clock: &TaskClock, f: impl for<'py> FnOnce(Python<'py>) -> T) -> T {
+        let pause = clock.pause();
         Python::attach(|py| {
-            let waited = u64::try_from(asked.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            let waited = u64::try_from(pause.end().as_nanos()).unwrap_or(u64::MAX);
             self.0.fetch_add(waited, Ordering::Relaxed);
             f(py)
         })

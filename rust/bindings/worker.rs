@@ -4,7 +4,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use super::stats::GilWait;
-use crate::engine::{Outcome, Sample, WorkerHooks};
+use crate::engine::{Outcome, Sample, TaskClock, WorkerHooks};
 use crate::thread_exit::hang_on_thread_exit;
 
 /// Runs a worker thread's whole life attached to the interpreter.
@@ -50,13 +50,26 @@ impl WorkerHooks for PythonWorker {
         make_runner(&self.make_worker, worker_id)
     }
 
+    /// The engine calls [`Self::run_timed`]; this is for a caller without a
+    /// task clock.
     fn run(
         &self,
         state: &mut Self::State,
         epoch: u64,
         payload: Py<PyAny>,
     ) -> Outcome<Self::Output> {
-        self.gil_wait.attach(|py| {
+        self.run_timed(state, epoch, payload, &TaskClock::default())
+    }
+
+    /// Runs the task; the wait for the GIL is a pause on `clock`.
+    fn run_timed(
+        &self,
+        state: &mut Self::State,
+        epoch: u64,
+        payload: Py<PyAny>,
+        clock: &TaskClock,
+    ) -> Outcome<Self::Output> {
+        self.gil_wait.attach(clock, |py| {
             let run = match state {
                 Ok(run) => run,
                 Err(err) => return Outcome::Value(Err(err.clone_ref(py))),
@@ -92,13 +105,26 @@ impl WorkerHooks for PythonSampleWorker {
         make_runner(&self.make_worker, worker_id)
     }
 
+    /// The engine calls [`Self::run_timed`]; this is for a caller without a
+    /// task clock.
     fn run(
         &self,
         state: &mut Self::State,
         epoch: u64,
         indices: Self::Payload,
     ) -> Outcome<Self::Output> {
-        self.gil_wait.attach(|py| {
+        self.run_timed(state, epoch, indices, &TaskClock::default())
+    }
+
+    /// Runs the task; the wait for the GIL is a pause on `clock`.
+    fn run_timed(
+        &self,
+        state: &mut Self::State,
+        epoch: u64,
+        indices: Self::Payload,
+        clock: &TaskClock,
+    ) -> Outcome<Self::Output> {
+        self.gil_wait.attach(clock, |py| {
             let count = indices.len();
             let samples: PyResult<Vec<Py<PyAny>>> = state
                 .as_ref()

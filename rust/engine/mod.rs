@@ -20,6 +20,7 @@ mod scheduler;
 mod sequencer;
 mod stats;
 mod task;
+mod task_clock;
 mod workers;
 
 pub use controller::{Controller, ControllerConfig, Window};
@@ -33,6 +34,7 @@ pub use scheduler::{Engine, EngineConfig};
 pub use sequencer::Order;
 pub use stats::EngineStats;
 pub use task::{Outcome, Sample};
+pub use task_clock::{Pause, TaskClock};
 
 #[cfg(test)]
 mod tests;

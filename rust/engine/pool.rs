@@ -14,6 +14,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::error::EngineError;
 use super::task::{Done, Finished, Task};
+use super::task_clock::TaskClock;
 use super::Outcome;
 
 /// What a worker thread runs. The engine owns the threads; an implementation
@@ -41,11 +42,29 @@ pub trait WorkerHooks: Send + Sync + 'static {
         epoch: u64,
         payload: Self::Payload,
     ) -> Outcome<Self::Output>;
+
+    /// Runs one task, reporting into `clock` the time the worker spent
+    /// paused, not working on it (see [`TaskClock::pause`]): that time
+    /// neither counts toward the slow-sample timeout nor into the fetch
+    /// times. The engine calls this one; by default it runs [`Self::run`]
+    /// and reports no pause.
+    fn run_timed(
+        &self,
+        state: &mut Self::State,
+        epoch: u64,
+        payload: Self::Payload,
+        clock: &TaskClock,
+    ) -> Outcome<Self::Output> {
+        let _ = clock;
+        self.run(state, epoch, payload)
+    }
 }
 
 /// A task a worker is running, as the timeout monitor sees it.
 struct Busy {
     started: Instant,
+    /// Its worker's pauses, which do not count toward the timeout.
+    clock: TaskClock,
     samples: usize,
     flagged_slow: bool,
     /// Its epoch ended while it ran: a replacement serves the next one.
@@ -97,7 +116,11 @@ pub(crate) struct PoolShared {
     pub samples_done: AtomicU64,
     /// Tasks run to completion, every epoch.
     pub tasks_done: AtomicU64,
-    /// Nanoseconds workers spent running tasks, every epoch.
+    /// Nanoseconds workers spent running tasks, every epoch: wall time,
+    /// pauses included, unlike `Done::elapsed`. The Python stats report it
+    /// as the fetch time the GIL wait is a share of, and the monitor's mean
+    /// task time, which it prorates running tasks' wall time by, comes
+    /// from it.
     pub busy_nanos: AtomicU64,
     started: Instant,
     state: Mutex<PoolState>,
@@ -363,11 +386,12 @@ impl<W: WorkerHooks> Pool<W> {
         self.start_wanted(&mut state, tasks)
     }
 
-    /// Flags every task that has run past `timeout` per sample as slow, and
-    /// starts a replacement worker for each, up to `max_slow` of them, so
-    /// that `target` workers stay free for fast tasks. A flagged worker
-    /// finishes its task and then leaves if the pool is larger than it needs
-    /// to be. Returns how many replacements were started.
+    /// Flags every task that has run past `timeout` per sample, its pauses
+    /// (see [`TaskClock`]) not counted, as slow, and starts a replacement
+    /// worker for each, up to `max_slow` of them, so that `target` workers
+    /// stay free for fast tasks. A flagged worker finishes its task and then
+    /// leaves if the pool is larger than it needs to be. Returns how many
+    /// replacements were started.
     pub fn flag_overdue(&self, timeout: Duration, max_slow: usize) -> usize {
         let Some(tasks) = &self.shared_tasks else {
             return 0;
@@ -377,7 +401,10 @@ impl<W: WorkerHooks> Pool<W> {
         let mut newly_flagged = 0;
         for busy in state.busy.values_mut() {
             let limit = timeout.saturating_mul(busy.samples.max(1) as u32);
-            if !busy.flagged_slow && now.duration_since(busy.started) > limit {
+            let worked = now
+                .duration_since(busy.started)
+                .saturating_sub(busy.clock.paused(now));
+            if !busy.flagged_slow && worked > limit {
                 busy.flagged_slow = true;
                 newly_flagged += 1;
             }
@@ -443,6 +470,7 @@ fn worker_main<W: WorkerHooks>(
 ) {
     let shared = live.shared.clone();
     let mut retired = false;
+    let clock = TaskClock::default();
     hooks.enter_thread(worker_id, &mut || {
         let mut state = catch_unwind(AssertUnwindSafe(|| hooks.init(worker_id)))
             .map_err(|payload| panic_message(&*payload));
@@ -462,12 +490,15 @@ fn worker_main<W: WorkerHooks>(
             if shared.stop.load(Ordering::Acquire) {
                 break;
             }
+            // Reset before the monitor can see the task (below).
+            clock.reset();
             let started = Instant::now();
             let finished = if task.epoch != shared.epoch.load(Ordering::Acquire) {
                 Finished::Cancelled
             } else {
                 let busy = Busy {
                     started,
+                    clock: clock.clone(),
                     samples: task.samples,
                     flagged_slow: false,
                     orphaned: false,
@@ -476,7 +507,7 @@ fn worker_main<W: WorkerHooks>(
                 match &mut state {
                     Err(message) => Finished::Panicked(message.clone()),
                     Ok(state) => catch_unwind(AssertUnwindSafe(|| {
-                        hooks.run(state, task.epoch, task.payload)
+                        hooks.run_timed(state, task.epoch, task.payload, &clock)
                     }))
                     .map_or_else(
                         |payload| Finished::Panicked(panic_message(&*payload)),
@@ -484,13 +515,14 @@ fn worker_main<W: WorkerHooks>(
                     ),
                 }
             };
-            let elapsed = started.elapsed();
+            let ended = Instant::now();
+            let wall = ended.duration_since(started);
             if matches!(finished, Finished::Ran(_)) {
                 shared
                     .samples_done
                     .fetch_add(task.samples as u64, Ordering::Relaxed);
                 shared.tasks_done.fetch_add(1, Ordering::Relaxed);
-                let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+                let nanos = u64::try_from(wall.as_nanos()).unwrap_or(u64::MAX);
                 shared.busy_nanos.fetch_add(nanos, Ordering::Relaxed);
             }
             let slow = {
@@ -513,7 +545,7 @@ fn worker_main<W: WorkerHooks>(
                 epoch: task.epoch,
                 worker: worker_id,
                 samples: task.samples,
-                elapsed,
+                elapsed: wall.saturating_sub(clock.paused(ended)),
                 slow,
                 finished,
             };

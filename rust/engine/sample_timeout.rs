@@ -32,7 +32,9 @@ const FLAGGED_WINDOW: usize = 256;
 /// The estimate never goes below this. Flagging a sample costs a replacement
 /// thread and a deferral (tens of microseconds); for samples of microseconds
 /// the 75th percentile flags a quarter of them for nothing, and their times
-/// are mostly waits for the GIL, not slowness of the sample itself.
+/// are mostly contention (the GIL handed over inside the dataset's code, the
+/// cores), not slowness of the sample itself. (The wait to take the GIL
+/// before a task is left out of fetch times: see `TaskClock`.)
 const MIN_AUTO_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// Keeps the current timeout from the fetch times workers report.

@@ -16,7 +16,8 @@ pub struct EngineStats {
     pub worker_history: Vec<(Duration, usize)>,
     /// Samples the workers finished loading (delivered or not).
     pub samples_loaded: u64,
-    /// Time workers spent inside tasks.
+    /// Time workers spent inside tasks, their pauses (waits for the GIL)
+    /// included.
     pub busy: Duration,
     /// Mean ready-queue occupancy (0..=1) seen by the consumer when it asked
     /// for the next batch; None before it asked.

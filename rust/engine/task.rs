@@ -42,7 +42,9 @@ pub(crate) struct Done<R> {
     pub epoch: u64,
     pub worker: usize,
     pub samples: usize,
-    /// How long the worker spent on it.
+    /// How long the worker spent on it, its pauses (see
+    /// [`super::TaskClock`]) left out: the fetch times and the automatic
+    /// timeout are made from it.
     pub elapsed: Duration,
     /// Whether it ran past the slow-sample timeout and was flagged.
     pub slow: bool,

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
@@ -463,6 +463,140 @@ fn a_worker_past_the_timeout_gets_a_replacement_which_retires_after() {
     assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
 }
 
+// ---- pauses: a wait to take the GIL is not slowness ----
+
+/// [`SampleHooks`] whose every task first waits `wait` (standing for a wait
+/// to take the GIL), reported to the task's clock as a pause when `report`.
+struct WaitingHooks {
+    samples: SampleHooks,
+    wait: Duration,
+    report: bool,
+}
+
+impl WorkerHooks for WaitingHooks {
+    type Payload = Vec<(u64, u64)>;
+    type Output = Vec<Sample<u64>>;
+    type State = ();
+
+    fn enter_thread(&self, worker_id: usize, body: &mut (dyn FnMut() + Send)) {
+        self.samples.enter_thread(worker_id, body);
+    }
+
+    fn init(&self, worker_id: usize) {
+        self.samples.init(worker_id);
+    }
+
+    fn run(&self, state: &mut (), epoch: u64, run: Vec<(u64, u64)>) -> Outcome<Vec<Sample<u64>>> {
+        self.run_timed(state, epoch, run, &TaskClock::default())
+    }
+
+    fn run_timed(
+        &self,
+        state: &mut (),
+        epoch: u64,
+        run: Vec<(u64, u64)>,
+        clock: &TaskClock,
+    ) -> Outcome<Vec<Sample<u64>>> {
+        let pause = self.report.then(|| clock.pause());
+        thread::sleep(self.wait);
+        drop(pause);
+        self.samples.run(state, epoch, run)
+    }
+}
+
+type WaitingSamples = SampleEngine<(u64, u64), u64, WaitingHooks>;
+
+/// Two workers, up to four replacements for slow samples.
+fn start_waiting(wait: Duration, report: bool, sample_timeout: SampleTimeout) -> WaitingSamples {
+    let config = SampleEngineConfig {
+        num_workers: 2,
+        max_samples_in_flight: 16,
+        max_batch_size: 8,
+        sample_timeout,
+        max_slow_in_flight: 4,
+        shutdown_grace: Duration::from_secs(10),
+        adaptive: None,
+        drop_last: false,
+    };
+    let samples = SampleHooks {
+        inside: Arc::new(AtomicUsize::new(0)),
+    };
+    let hooks = WaitingHooks {
+        samples,
+        wait,
+        report,
+    };
+    WaitingSamples::start(config, hooks).unwrap()
+}
+
+/// The next batch, and the most worker threads seen while it loaded
+/// (a replacement retires once the slow task is done, so the count after
+/// would not show it).
+fn recv_watching_workers(engine: &mut WaitingSamples) -> (Vec<u64>, usize) {
+    let deadline = Instant::now() + WAIT;
+    let mut most = engine.num_workers();
+    loop {
+        match engine.recv(Duration::from_millis(2)) {
+            Ok(batch) => return (batch, most.max(engine.num_workers())),
+            Err(EngineError::WaitElapsed) if Instant::now() < deadline => {}
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+        most = most.max(engine.num_workers());
+    }
+}
+
+/// 220 ms waiting then 30 ms working, against a 100 ms timeout.
+const WAIT_FOR_GIL: Duration = Duration::from_millis(220);
+const WORK_US: u64 = 30_000;
+const TIMEOUT: Duration = Duration::from_millis(100);
+
+#[test]
+fn a_task_paused_past_the_timeout_is_not_slow_and_its_pause_is_not_fetch_time() {
+    let mut engine = start_waiting(WAIT_FOR_GIL, true, SampleTimeout::Fixed(TIMEOUT));
+    engine.submit(vec![(0, WORK_US)]).unwrap();
+    let (batch, most_workers) = recv_watching_workers(&mut engine);
+    assert_eq!(batch, [0]);
+    assert_eq!(most_workers, 2, "a replacement was started");
+    assert_eq!(engine.slow_samples(), 0);
+    let stats = engine.stats();
+    // The sample's time is its work (plus scheduling noise), not the wait.
+    let fetch = stats.fetch_p50.unwrap();
+    assert!(
+        fetch >= Duration::from_micros(WORK_US) && fetch < Duration::from_millis(200),
+        "{fetch:?}"
+    );
+    // Busy time is wall time: the wait is in it.
+    assert!(stats.busy >= WAIT_FOR_GIL, "{:?}", stats.busy);
+}
+
+#[test]
+fn the_same_wait_not_reported_as_a_pause_is_slow() {
+    let mut engine = start_waiting(WAIT_FOR_GIL, false, SampleTimeout::Fixed(TIMEOUT));
+    engine.submit(vec![(0, WORK_US)]).unwrap();
+    let (batch, most_workers) = recv_watching_workers(&mut engine);
+    assert_eq!(batch, [0]);
+    assert_eq!(most_workers, 3, "no replacement was started");
+    assert_eq!(engine.slow_samples(), 1);
+    let fetch = engine.stats().fetch_p50.unwrap();
+    assert!(fetch >= WAIT_FOR_GIL, "{fetch:?}");
+}
+
+#[test]
+fn pauses_do_not_raise_the_automatic_timeout() {
+    // Each sample waits 60 ms and works 5 ms: the timeout follows the work.
+    let wait = Duration::from_millis(60);
+    let mut engine = start_waiting(wait, true, SampleTimeout::Auto { warmup: 4 });
+    for value in 0..8 {
+        engine.submit(vec![(value, 5_000)]).unwrap();
+    }
+    engine.close_epoch();
+    for _ in 0..8 {
+        assert_eq!(engine.recv(WAIT).unwrap().len(), 1);
+    }
+    let timeout = engine.sample_timeout().unwrap();
+    assert!(timeout < Duration::from_millis(40), "{timeout:?}");
+}
+
 #[test]
 fn cheap_samples_go_to_workers_in_runs() {
     let (mut engine, _) = start_samples(1, 4096, SampleTimeout::Off, 1);
@@ -580,8 +714,8 @@ proptest! {
 
 /// Waits (bounded) until `check` holds.
 fn eventually(mut check: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + WAIT;
-    while std::time::Instant::now() < deadline {
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
         if check() {
             return true;
         }
@@ -725,7 +859,7 @@ fn a_new_epoch_does_not_wait_for_a_stuck_task() {
     engine.submit(stuck).unwrap();
     engine.submit(value_after(1, 0)).unwrap();
     assert_eq!(engine.recv(WAIT).unwrap().1, 1);
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     engine.new_epoch().unwrap();
     // The next epoch is served beside the stuck task, by a replacement.
     let jobs = instant_values(10..30);
