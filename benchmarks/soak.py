@@ -137,15 +137,15 @@ def map_count() -> int:
 
 
 def child_count() -> int:
-    try:
-        import psutil
-    except ImportError:
-        pass
-    else:
-        return len(psutil.Process().children(recursive=True))
-    me, children = os.getpid(), 0
+    """Child processes, minato's worker processes included (they are children
+    of its fork server); the fork server itself, one per process started the
+    first time worker processes are wanted, is not counted."""
+    zygote = getattr(minato._process, "_the_zygote", None)
+    server = zygote.process.pid if zygote is not None and zygote.pid == os.getpid() else None
+    parents = {os.getpid(), server}
+    children = 0
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) == server:
             continue
         try:
             with open(f"/proc/{entry}/stat") as stat:
@@ -153,7 +153,7 @@ def child_count() -> int:
                 fields = stat.read().rsplit(")", 1)[1].split()
         except OSError:
             continue  # exited meanwhile
-        children += int(fields[1]) == me
+        children += int(fields[1]) in parents and fields[0] not in "ZX"
     return children
 
 

@@ -232,7 +232,15 @@ class ProcessWorkers:
         """The spec, pickled once for every process this engine starts."""
         with self._lock:
             if self._payload is None:
-                self._payload = _ipc.dumps(self.child_spec)
+                try:
+                    self._payload = _ipc.dumps(self.child_spec)
+                except Exception as error:
+                    error.add_note(
+                        "(minato: worker processes get the dataset, collate_fn and "
+                        "worker_init_fn pickled; this one cannot be: use "
+                        'worker_method="thread")'
+                    )
+                    raise
             return self._payload
 
     def check_picklable(self) -> str | None:

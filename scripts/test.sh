@@ -22,3 +22,10 @@ echo "==> pytest"
 # The `pytest` script, not `python -m pytest`: the installed wheel is what
 # gets tested, not the source folder minato/ (which lacks the extension).
 pytest
+echo "==> pytest again with worker processes: parity, resume, Lightning"
+# (The reordering suite coordinates its datasets with threading events, and
+# Lightning's seeding tests read what worker threads recorded in the parent's
+# dataset: thread-only by design; tests/test_process_workers.py has their
+# process counterparts.)
+MINATO_TEST_WORKER_METHOD=multiprocessing pytest -q tests/test_equivalence.py \
+    tests/test_resume.py tests/test_lightning.py -k "not seed_everything_workers"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import signal
 from collections.abc import Iterator
 
@@ -15,6 +16,20 @@ from helpers import os_thread_count, wait_for_thread_count
 # an ignored signal but not a handler) need Python's own handler.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# MINATO_TEST_WORKER_METHOD=multiprocessing runs a suite with worker processes
+# (.ci/run does so for the parity, reordering, resume and Lightning suites):
+# the default of DataLoader's worker_method changes for this pytest process.
+_WORKER_METHOD = os.environ.get("MINATO_TEST_WORKER_METHOD")
+if _WORKER_METHOD:
+    import minato
+
+    minato.DataLoader.__init__.__kwdefaults__["worker_method"] = _WORKER_METHOD
+
+
+def pytest_report_header() -> str | None:
+    return f"minato worker_method default: {_WORKER_METHOD}" if _WORKER_METHOD else None
 
 
 @pytest.fixture

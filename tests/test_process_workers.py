@@ -483,3 +483,42 @@ def test_resume_mid_epoch_with_processes_delivers_the_rest_once(shuffle: bool) -
     resumed.load_state_dict(state)
     after = [int(i) for batch in resumed for i in batch]
     assert sorted(before + after) == list(range(4000))
+
+
+class OneSlow(Dataset):
+    """Sample 0 takes 1.5 s (I/O-like), the rest are instant."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> int:
+        if index == 0:
+            time.sleep(1.5)
+        return index
+
+
+def test_a_slow_sample_lands_in_a_later_batch_with_processes() -> None:
+    loader = minato.DataLoader(
+        OneSlow(),
+        batch_size=4,
+        in_order=False,
+        num_workers=2,
+        worker_method="multiprocessing",
+        sample_timeout=0.1,
+    )
+    batches = [[int(i) for i in batch] for batch in loader]
+    assert 0 not in batches[0]
+    assert sorted(i for batch in batches for i in batch) == list(range(64))
+    assert loader.stats().slow_samples >= 1
+
+
+def test_auto_on_free_threaded_python_keeps_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from minato import _worker_method
+
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: False, raising=False)
+    method = _worker_method.WorkerMethod("auto")
+    assert method.decided and not method.processes
+    assert "free-threaded" in method.reason
+    loader = minato.DataLoader(PurePython(), batch_size=8, shuffle=True, num_workers=2)
+    assert indices(loader) == list(range(4000))
+    assert loader.stats().worker_method == "thread"

@@ -39,6 +39,8 @@ MINATO_OPTIONS = {
     "device_prefetch": 2,
     "on_error": "raise",
     "max_failures": None,
+    "worker_method": "auto",
+    "sample_hard_timeout": None,
 }
 
 
@@ -61,6 +63,8 @@ def test_minato_options_come_after_torchs_keyword_only_and_are_public_attributes
         device_prefetch=3,
         on_error="skip",
         max_failures=5,
+        worker_method="multiprocessing",
+        sample_hard_timeout=30.0,
     )
     loader = minato.DataLoader(RangeDataset(), num_workers=2, **given)
     assert {name: getattr(loader, name) for name in given} == given
