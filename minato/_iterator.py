@@ -505,12 +505,14 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         if now < self._next_method_check or self._engine is None:
             return
         self._next_method_check = now + METHOD_CHECK_INTERVAL_S
-        if method.observe(self._engine.stats()):
-            why = processes.check_picklable()
-            if why is None:
-                warm_up()
-            else:
-                method.cannot_use_processes(why)
+        verdict = method.observe(self._engine.stats())
+        if verdict is None:
+            return
+        why = processes.check_picklable()
+        if why is not None:
+            method.cannot_use_processes(why)
+        else:
+            warm_up()
 
     def _on_processes(self) -> None:
         """The workers now hand their tasks to processes."""

@@ -115,10 +115,17 @@ def warm_up() -> None:
     """Starts the fork server in the background (it imports torch and
     minato, about a second here) so that worker processes, when wanted,
     start in milliseconds."""
-    zygote = _the_zygote
-    if zygote is not None and zygote.pid == os.getpid():
-        return
+    global _warming_in
+    with _zygote_start_lock:
+        if _warming_in == os.getpid():
+            return
+        _warming_in = os.getpid()
     threading.Thread(target=_warm, name="minato fork server", daemon=True).start()
+
+
+# The process a warm-up was started in (a fork child starts its own).
+_warming_in: int | None = None
+_zygote_start_lock = threading.Lock()
 
 
 def _warm() -> None:

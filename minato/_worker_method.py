@@ -39,14 +39,18 @@ GIL_BOUND_SHARE = 0.25
 # A loop that waits this long on average to take the GIL back is slowed by the workers.
 LOOP_DELAY_BOUND_S = 0.001
 # Evidence wanted before deciding: time since the workers started...
-MIN_WINDOW_S = 0.2
+MIN_WINDOW_S = 0.15
 # ...samples loaded, and probes of the loop's GIL delay.
 MIN_SAMPLES = 16
 MIN_PROBES = 8
+# Samples cheaper than this stay on threads whatever the GIL does: a worker
+# process's round trip (pickling, two socket hops) would cost more than the
+# GIL contention it saves.
+MIN_SAMPLE_WORK_S = 100e-6
 # Both signals low for this long: threads stay, and probing ends.
 DECIDE_AFTER_S = 1.0
 # Probes of the loop's GIL delay, at most this often.
-PROBE_INTERVAL_S = 0.02
+PROBE_INTERVAL_S = 0.01
 
 
 def check_worker_method(worker_method: object) -> None:
@@ -91,6 +95,7 @@ class WorkerMethod:
             self.decided = True
             self.reason = "auto: free-threaded Python, threads run in parallel"
         self._window: _Window | None = None
+        self._worth_probing = False
         self._probe_total = 0.0
         self._probes = 0
         self._next_probe = 0.0
@@ -114,7 +119,9 @@ class WorkerMethod:
         return _Window(time.perf_counter(), figures["gil_wait"], figures["busy"], samples)
 
     def wants_probe(self, now: float) -> bool:
-        return not self.decided and now >= self._next_probe
+        """Probes cost the loop a GIL re-take each: only while undecided, and
+        only once samples are worth a process (see MIN_SAMPLE_WORK_S)."""
+        return not self.decided and self._worth_probing and now >= self._next_probe
 
     def probe(self) -> None:
         """Measures, on the training loop's thread, how long taking the GIL
@@ -129,22 +136,35 @@ class WorkerMethod:
         self.probe_total += delay
         self.probes += 1
 
-    def observe(self, figures: dict[str, float]) -> bool:
-        """Judges the live engine's figures; True when the loader should move
-        to processes now."""
+    def observe(self, figures: dict[str, float]) -> str | None:
+        """Judges the live engine's figures: ``"move"`` when the loader should
+        move to processes now, ``"warm"`` when the first signs point there
+        (the fork server should start: it takes about a second), else None."""
         if self.decided:
-            return False
+            return None
         window = self._window
         if window is None:
             self._window = self._window_of(figures)
-            return False
+            return None
         elapsed = time.perf_counter() - window.started
         samples = int(figures["samples_loaded"]) - window.samples
-        if elapsed < MIN_WINDOW_S or samples < MIN_SAMPLES or self._probes < MIN_PROBES:
-            return False
         busy = figures["busy"] - window.busy
         share = (figures["gil_wait"] - window.gil_wait) / busy if busy > 0 else 0.0
-        delay = self._probe_total / self._probes
+        delay = self._probe_total / self._probes if self._probes else 0.0
+        p50 = figures.get("fetch_p50")
+        worth_a_process = p50 is not None and p50 >= MIN_SAMPLE_WORK_S
+        self._worth_probing = worth_a_process
+        if not worth_a_process:
+            if elapsed >= DECIDE_AFTER_S and p50 is not None:
+                self._decide(
+                    False,
+                    f"auto: samples take {p50 * 1e6:.0f} us, too little for a worker "
+                    "process's round trip to pay",
+                )
+            return None
+        if elapsed < MIN_WINDOW_S or samples < MIN_SAMPLES or self._probes < MIN_PROBES:
+            leaning = share >= GIL_BOUND_SHARE / 2 or delay >= LOOP_DELAY_BOUND_S / 2
+            return "warm" if leaning and self._probes >= 2 else None
         if share >= GIL_BOUND_SHARE:
             return self._decide(
                 True,
@@ -162,15 +182,15 @@ class WorkerMethod:
                 f"auto: the work releases the GIL (workers' GIL wait {share:.0%}, "
                 f"loop's GIL delay {delay * 1e3:.2f} ms)",
             )
-        return False
+        return None
 
-    def _decide(self, processes: bool, reason: str) -> bool:
+    def _decide(self, processes: bool, reason: str) -> str | None:
         self.decided = True
         self.wants_processes = processes
         self.reason = reason
         what = "moving to worker processes" if processes else "keeping worker threads"
         logger.info("minato: %s (%s)", what, reason)
-        return processes
+        return "move" if processes else None
 
     def activate(self) -> None:
         """Workers hand their next tasks to processes."""
