@@ -142,6 +142,7 @@ def cold_first_batch_seconds(workers: int) -> float:
         capture_output=True,
         text=True,
         check=True,
+        cwd="/",  # not the checkout, whose minato/ lacks the built extension
     )
     return float(out.stdout.strip().splitlines()[-1])
 

@@ -515,7 +515,12 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             warm_up()
 
     def _on_processes(self) -> None:
-        """The workers now hand their tasks to processes."""
+        """The workers now hand their tasks to processes: the pool stops
+        resizing and keeps num_workers (see `_adaptive`)."""
+        loader = self._loader()
+        if self._engine is None or loader is None or loader.max_workers is not None:
+            return
+        self._engine.fix_workers(self._num_workers)
 
     def _end_epoch_early(self) -> None:
         """After the failure budget's error: the epoch is over."""
@@ -626,6 +631,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             self._on_processes()
 
     def _on_processes(self) -> None:
+        super()._on_processes()
         if isinstance(self._engine, SampleEngine):
             self._engine.set_task_costs(PROCESS_RUN_TARGET_S, PROCESS_MIN_TIMEOUT_S)
 

@@ -108,6 +108,14 @@ impl PyEngine {
             .wait_next(py, timeout, |engine, wait| engine.recv(wait))?
     }
 
+    /// Fixes the pool at `workers` workers from now on: the adaptive
+    /// controller stops resizing it (surplus workers leave after their task).
+    fn fix_workers(&self, py: Python<'_>, workers: usize) -> PyResult<()> {
+        Ok(self
+            .engine
+            .quick(py, |engine| engine.fix_workers(workers))?)
+    }
+
     /// Ends the epoch: drops its queued work and waits for running tasks.
     fn new_epoch(&self, py: Python<'_>) -> PyResult<()> {
         self.engine.new_epoch(py)

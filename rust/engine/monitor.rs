@@ -161,7 +161,9 @@ impl Adapter {
             cpu: self.cpu.usage(),
         };
         let decided = self.controller.observe(window);
-        if decided != pool.target() {
+        if pool.is_fixed() {
+            // The pool's size was fixed meanwhile: measure, never resize.
+        } else if decided != pool.target() {
             pool.set_target(decided);
             self.settling = true;
         }

@@ -110,6 +110,9 @@ struct PoolState {
 pub(crate) struct PoolShared {
     /// Set once at shutdown: workers stop taking tasks.
     pub stop: AtomicBool,
+    /// Set when the pool's size is fixed while running (`Pool::fix_target`):
+    /// the adaptive controller stops resizing it.
+    pub fixed: AtomicBool,
     /// The consumer's current epoch: workers skip tasks of older ones.
     pub epoch: AtomicU64,
     /// Samples of tasks run to completion (not cancelled), every epoch.
@@ -202,6 +205,7 @@ impl<W: WorkerHooks> Pool<W> {
         let pool = Arc::new(Pool {
             shared: Arc::new(PoolShared {
                 stop: AtomicBool::new(false),
+                fixed: AtomicBool::new(false),
                 epoch: AtomicU64::new(0),
                 samples_done: AtomicU64::new(0),
                 tasks_done: AtomicU64::new(0),
@@ -322,6 +326,19 @@ impl<W: WorkerHooks> Pool<W> {
     /// (time since the pool started, target) at the start and each change.
     pub fn history(&self) -> Vec<(Duration, usize)> {
         self.shared.state().history.clone()
+    }
+
+    /// Fixes the pool at `target` workers for the rest of its life: the
+    /// adaptive controller no longer resizes it (the workers' kind changed
+    /// to one whose start costs more, see the Python `worker_method`).
+    pub fn fix_target(&self, target: usize) {
+        self.shared.fixed.store(true, Ordering::Release);
+        self.set_target(target);
+    }
+
+    /// Whether [`Self::fix_target`] was called.
+    pub fn is_fixed(&self) -> bool {
+        self.shared.fixed.load(Ordering::Acquire)
     }
 
     /// Sets how many workers are kept free for fast tasks (at least one).

@@ -118,6 +118,12 @@ where
         })
     }
 
+    /// Fixes the pool at `workers` for the rest of its life: the adaptive
+    /// controller no longer resizes it.
+    pub fn fix_workers(&self, workers: usize) {
+        self.workers.fix_workers(workers);
+    }
+
     /// Worker threads running now, replacements included.
     pub fn num_workers(&self) -> usize {
         self.workers.live()

@@ -73,6 +73,12 @@ impl<W: WorkerHooks> Engine<W> {
         })
     }
 
+    /// Fixes the pool at `workers` for the rest of its life: the adaptive
+    /// controller no longer resizes it.
+    pub fn fix_workers(&self, workers: usize) {
+        self.workers.fix_workers(workers);
+    }
+
     /// Worker threads running now.
     pub fn num_workers(&self) -> usize {
         self.workers.live()

@@ -754,6 +754,32 @@ fn an_adaptive_engine_grows_on_scaling_work_and_delivers_everything_once() {
 }
 
 #[test]
+fn a_fixed_pool_is_no_longer_resized_by_the_controller() {
+    let mut cfg = config(1, 2, Order::Completion, Dispatch::Shared);
+    cfg.adaptive = Some(ControllerConfig::new(1, 6));
+    let (mut engine, inside) = start(cfg);
+    // The same scaling work that makes an adaptive pool grow (test above).
+    engine.fix_workers(2);
+    let jobs: Vec<Job> = (0..600).map(|value| value_after(value, 2_000)).collect();
+    let mut values: Vec<u64> = run_all(&mut engine, &jobs)
+        .into_iter()
+        .map(|r| r.unwrap().1)
+        .collect();
+    values.sort_unstable();
+    assert_eq!(values, (0..600).collect::<Vec<_>>());
+    let history: Vec<usize> = engine
+        .stats()
+        .worker_history
+        .iter()
+        .map(|&(_, n)| n)
+        .collect();
+    assert_eq!(history, [1, 2]);
+    assert_eq!(engine.num_workers(), 2);
+    engine.shutdown(WAIT);
+    assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
+}
+
+#[test]
 fn a_round_robin_engine_keeps_its_size() {
     let mut cfg = config(2, 4, Order::Submission, Dispatch::RoundRobin);
     cfg.adaptive = Some(ControllerConfig::new(1, 8));

@@ -93,6 +93,11 @@ impl<W: WorkerHooks> Workers<W> {
         self.pool.live_workers()
     }
 
+    /// Fixes the pool at `workers` for the rest of its life (see `Pool::fix_target`).
+    pub fn fix_workers(&self, workers: usize) {
+        self.pool.fix_target(workers);
+    }
+
     /// `bound`, given for the starting worker count, for the pool's size
     /// now; never below `bound`, so shrinking keeps the user's prefetch.
     pub fn scaled(&self, bound: usize) -> usize {
