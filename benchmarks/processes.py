@@ -212,16 +212,28 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="median of this many runs")
     parser.add_argument("--samples", type=int, default=1536)
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--only", choices=["throughput", "first-batch", "memory"], action="append")
     args = parser.parse_args()
+    only = set(args.only or ["throughput", "first-batch", "memory"])
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     work = calibrate(0.002)
     print(
         f"# processes: torch {torch.__version__}, Python {platform.python_version()}, "
-        f"{os.cpu_count()} cores, torch's start method {torch.multiprocessing.get_start_method()}; "
+        f"{os.cpu_count()} cores, torch's start method "
+        f"{torch.multiprocessing.get_start_method()}; "
         f"median of {args.repeats}"
     )
 
     systems = ["torch", "minato default", "minato processes", "minato threads"]
+    if "throughput" in only:
+        throughput_section(args, systems, work)
+    if "first-batch" in only:
+        first_batch_section(args)
+    if "memory" in only:
+        memory_section()
+
+
+def throughput_section(args: argparse.Namespace, systems: list[str], work: int) -> None:
     print(
         f"\nGIL-bound dataset (~2 ms of pure Python a sample), 2 workers, batch {BATCH_SIZE}, "
         f"shuffled, {args.epochs} epochs of {args.samples}, construction included (samples/s)"
@@ -241,6 +253,8 @@ def main() -> None:
         method = f"  ended on {methods[system]}" if methods[system] else ""
         print(f"  {system:<17} {rate:>8,.0f}  ({spread})  {rate / torch_rate:.2f}x torch{method}")
 
+
+def first_batch_section(args: argparse.Namespace) -> None:
     print("\ntime to first batch with worker processes (ms)")
     for workers in (2, 8, 16):
         first = {
@@ -256,6 +270,8 @@ def main() -> None:
             f"{cold * 1e3:7.1f} (fresh interpreter, fork server started by the loader)"
         )
 
+
+def memory_section() -> None:
     print("\npeak PSS of the process tree, dataset holding 256 MB (MB)")
     for workers in (2, 8):
         peaks = {

@@ -35,14 +35,16 @@ from minato._stats import logger
 WORKER_METHODS = ("auto", "thread", "multiprocessing")
 
 # Workers that wait this share of their fetch time for the GIL are serialised by it.
-GIL_BOUND_SHARE = 0.25
+GIL_BOUND_SHARE = 0.2
 # A loop that waits this long on average to take the GIL back is slowed by the workers.
 LOOP_DELAY_BOUND_S = 0.001
 # Evidence wanted before deciding: time since the workers started...
 MIN_WINDOW_S = 0.15
 # ...samples loaded, and probes of the loop's GIL delay.
 MIN_SAMPLES = 16
-MIN_PROBES = 8
+MIN_PROBES = 6
+# ...or 2 probes when their mean is this many times the bound.
+CLEAR_DELAY_FACTOR = 4
 # Samples cheaper than this stay on threads whatever the GIL does: a worker
 # process's round trip (pickling, two socket hops) would cost more than the
 # GIL contention it saves.
@@ -162,14 +164,23 @@ class WorkerMethod:
                     "process's round trip to pay",
                 )
             return None
-        if elapsed < MIN_WINDOW_S or samples < MIN_SAMPLES or self._probes < MIN_PROBES:
-            leaning = share >= GIL_BOUND_SHARE / 2 or delay >= LOOP_DELAY_BOUND_S / 2
-            return "warm" if leaning and self._probes >= 2 else None
+        if elapsed < MIN_WINDOW_S or samples < MIN_SAMPLES:
+            leaning = share >= GIL_BOUND_SHARE / 2 or (
+                self._probes >= 2 and delay >= LOOP_DELAY_BOUND_S / 2
+            )
+            return "warm" if leaning else None
+        # The workers' own GIL wait needs no probes (one per batch at most:
+        # slow to gather where batches are slow, which is where it matters).
         if share >= GIL_BOUND_SHARE:
             return self._decide(
                 True,
                 f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
             )
+        # A few probes suffice when the delay is far past the bound.
+        clear = self._probes >= 2 and delay >= CLEAR_DELAY_FACTOR * LOOP_DELAY_BOUND_S
+        if self._probes < MIN_PROBES and not clear:
+            leaning = self._probes >= 2 and delay >= LOOP_DELAY_BOUND_S / 2
+            return "warm" if leaning else None
         if delay >= LOOP_DELAY_BOUND_S:
             return self._decide(
                 True,
