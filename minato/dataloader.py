@@ -54,9 +54,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     to the workers in turn, as in torch, so seeded runs repeat exactly).
 
     ``num_workers=0`` loads in the calling thread, exactly as torch does.
-    ``num_workers=N`` runs N worker *threads* owned by minato's Rust engine;
-    no subprocess is started, so ``multiprocessing_context`` is validated as
-    torch does but otherwise unused. Each worker thread has what a worker
+    ``num_workers=N`` runs N worker *threads* owned by minato's Rust engine
+    (with ``worker_method``, each may hand its work to a worker process);
+    ``multiprocessing_context`` is validated as torch does but otherwise
+    unused. Each worker thread has what a worker
     process would have of its own: a copy of the dataset that shares its
     data (``WorkerInfo.dataset``, what ``__getitem__``/``__iter__`` run on),
     and the process-wide ``random``, numpy (legacy) and torch generators,
@@ -103,6 +104,21 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       delivered without the samples skipped, and not at all when all were.
       Once an epoch skipped more than ``max_failures``, ``next()`` raises
       ``minato.TooManyFailures`` and the epoch ends.
+
+    - ``worker_method`` (``"auto"``, the default; ``"thread"``;
+      ``"multiprocessing"``): how workers run. ``"multiprocessing"`` hands
+      each worker thread's tasks to a worker process of its own, set up as
+      torch sets up its workers (``get_worker_info().worker_method ==
+      "multiprocessing"``), forked from minato's fork server, never from
+      this process; everything else stays the engine's. ``"auto"`` starts on
+      threads and moves to processes when the dataset's Python serialises
+      the threads or slows the training loop (see the README);
+      ``stats().worker_method`` and ``.worker_method_reason`` tell.
+    - ``sample_hard_timeout`` (seconds per sample, default None): a worker
+      process whose task runs past it is killed and the sample fails
+      (``RuntimeError``; skipped with ``on_error="skip"``); a new process
+      takes the worker's next task. Needs processes: ``ValueError`` with
+      ``worker_method="thread"``.
 
     When batches are pinned (``pin_memory`` active, or ``device`` a GPU) and
     ``collate_fn`` is the default, tensors and numpy arrays of one shape and
