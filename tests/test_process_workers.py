@@ -140,20 +140,39 @@ class Sleeps(Dataset):
         return index
 
 
-def processes_marked(mark: str) -> list[int]:
-    """Processes whose environment carries `mark` (a test's fork server and workers)."""
-    found = []
+def live_processes() -> dict[int, Path]:
+    """Every process but this one and zombies, by pid, with its /proc folder."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            environ = (entry / "environ").read_bytes()
-            status = (entry / "status").read_text()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
-            continue
-        if f"{MARK}={mark}".encode() in environ and "State:\tZ" not in status:
-            found.append(int(entry.name))
+            continue  # exited meanwhile
+        if state not in "ZX":
+            found[int(entry.name)] = entry
     return found
+
+
+def _parent(entry: Path) -> int | None:
+    try:
+        return int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def _environ(entry: Path) -> bytes:
+    try:
+        return (entry / "environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def processes_marked(mark: str) -> list[int]:
+    """Processes whose environment carries `mark` (a test's fork server and workers)."""
+    needle = f"{MARK}={mark}".encode()
+    return [pid for pid, entry in live_processes().items() if needle in _environ(entry)]
 
 
 def workers_of_this_process() -> list[int]:
@@ -161,20 +180,8 @@ def workers_of_this_process() -> list[int]:
     zygote = _process._the_zygote
     if zygote is None or zygote.pid != os.getpid():
         return []
-    children = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = (entry / "status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-        if fields.get("PPid", "").strip() == str(zygote.process.pid) and "Z" not in fields.get(
-            "State", ""
-        ):
-            children.append(int(entry.name))
-    return children
+    server = zygote.process.pid
+    return [pid for pid, entry in live_processes().items() if _parent(entry) == server]
 
 
 def wait_until(condition, within_s: float = 10.0) -> bool:
