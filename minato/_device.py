@@ -19,6 +19,15 @@ from typing import Any, NoReturn
 import torch
 from torch._utils import ExceptionWrapper
 
+from minato._fork import ForkSafeLock
+
+# Two threads using one iterator at once (torch's iterators are not thread-safe).
+_IN_USE = (
+    "this DataLoader iterator is in use by another thread: an iterator (and a loader "
+    "with persistent_workers, which keeps one) serves one thread at a time, as torch's "
+    "do; give each thread a DataLoader of its own"
+)
+
 
 def resolve_device(device: str | int | torch.device | None) -> torch.device | None:
     """The CUDA device batches go to, or None to leave them in CPU memory.
@@ -180,6 +189,18 @@ class DeviceStage:
         """Called as the loop is told the epoch is over (StopIteration)."""
 
     def _next_data(self) -> Any:
+        # torch's iterators are not thread-safe either; two threads in one
+        # would corrupt its epoch: the second is refused at once.
+        # (Released in a fork child, whose copy of the iterator goes on alone.)
+        in_use = self.__dict__.setdefault("_in_use", ForkSafeLock())
+        if not in_use.acquire(blocking=False):
+            raise RuntimeError(_IN_USE)
+        try:
+            return self._next_data_alone()
+        finally:
+            in_use.release()
+
+    def _next_data_alone(self) -> Any:
         try:
             if self._prefetcher is None:
                 tags, data = self._next_host_data()
@@ -194,6 +215,17 @@ class DeviceStage:
         return data
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        # A persistent loader's iter() from another thread while this
+        # iterator is in next() would restart the epoch under it.
+        in_use = self.__dict__.setdefault("_in_use", ForkSafeLock())
+        if not in_use.acquire(blocking=False):
+            raise RuntimeError(_IN_USE)
+        try:
+            self._reset_alone(loader, first_iter)
+        finally:
+            in_use.release()
+
+    def _reset_alone(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)  # type: ignore[misc]
         if self._prefetcher is not None:
             self._prefetcher.reset()

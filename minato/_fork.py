@@ -30,8 +30,18 @@ class ForkSafeLock:
     def __enter__(self) -> bool:
         return self._lock.acquire()
 
+    def acquire(self, blocking: bool = True) -> bool:
+        return self._lock.acquire(blocking)
+
+    def release(self) -> None:
+        self._lock.release()
+
     def __exit__(self, *exc_info: object) -> None:
         self._lock.release()
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        # A copy (pickle, copy.deepcopy) gets a new lock, released.
+        return (ForkSafeLock, ())
 
 
 _locks: weakref.WeakSet[ForkSafeLock] = weakref.WeakSet()

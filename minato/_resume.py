@@ -307,6 +307,13 @@ class LoaderProgress:
         # A mid-epoch state loaded by load_state_dict, used by the next epoch start.
         self._resume: dict[str, Any] | None = None
 
+    def fresh_copy(self) -> LoaderProgress:
+        """For a copy of the loader: no epoch in progress, the loaded state
+        (if any, not yet used) carried over."""
+        copy = LoaderProgress()
+        copy._resume = self._resume
+        return copy
+
     # -- the iterators' side -------------------------------------------------
 
     def begin_epoch(
@@ -367,6 +374,7 @@ class LoaderProgress:
             "sampler_epochs": _sampler_epochs(loader),
             "dataset_state": None,
             "epoch": None,
+            "loader": _shape_of(loader),
         }
         if _has_state(loader.dataset):
             state["dataset_state"] = loader.dataset.state_dict()
@@ -433,6 +441,8 @@ class LoaderProgress:
                 f"this state was saved by minato state format version {state.get('version')}; "
                 f"this minato reads version {STATE_VERSION}"
             )
+        _check_well_formed(state)
+        _check_fits(state.get("loader"), _shape_of(loader))
         epoch = state["epoch"]
         if epoch is not None and epoch["samples"] != loader._reorders_samples():
             kinds = {True: "reorders single samples", False: "keeps whole batches"}
@@ -463,3 +473,87 @@ class LoaderProgress:
             loader.dataset.load_state_dict(state["dataset_state"])
         self._resume = epoch
         self._stream = None
+
+
+# -- does a state fit the loader? -----------------------------------------------
+
+# What a mid-epoch state needs, by how the epoch is resumed.
+_EPOCH_KEYS = {
+    "streams": ("samples", "streams", "delivered_per_stream", "failures"),
+    "iterator": ("samples", "undelivered", "pulled", "failures", "sampler_state"),
+    "sampler": ("samples", "undelivered", "pulled", "failures", "sampler_name", "sampler_state"),
+    "replay": ("samples", "undelivered", "pulled", "failures", "epoch_rng"),
+}
+_STATE_KEYS = ("generators", "sampler_epochs", "dataset_state", "epoch")
+
+
+def _malformed(what: str) -> ValueError:
+    return ValueError(f"this minato DataLoader state is malformed: {what}")
+
+
+def _check_well_formed(state: dict[str, Any]) -> None:
+    """Every key the state will be read for, now rather than at ``iter()``."""
+    for key in _STATE_KEYS:
+        if key not in state:
+            raise _malformed(f"the key {key!r} is missing")
+    epoch = state["epoch"]
+    if epoch is None:
+        return
+    if not isinstance(epoch, dict):
+        raise _malformed(f"'epoch' should be a dict or None, not {type(epoch).__name__}")
+    mode = epoch.get("mode")
+    if mode not in _EPOCH_KEYS:
+        raise _malformed(f"unknown epoch mode {mode!r}")
+    for key in _EPOCH_KEYS[mode]:
+        if key not in epoch:
+            raise _malformed(f"the epoch's key {key!r} is missing")
+    if mode == "replay" and not isinstance(epoch["epoch_rng"], dict):
+        raise _malformed("the epoch's 'epoch_rng' should be a dict")
+    if mode != "streams" and not (
+        isinstance(epoch["undelivered"], list) and isinstance(epoch["pulled"], int)
+    ):
+        raise _malformed("the epoch's 'undelivered' should be a list and 'pulled' an int")
+
+
+def _length(sized: Any) -> int | None:
+    try:
+        return len(sized)
+    except TypeError:
+        return None
+
+
+def _shape_of(loader: Any) -> dict[str, Any]:
+    """What a saved position means only for the same loader: its batches
+    (batch_size, drop_last), its dataset's length and its samplers' kinds."""
+    batch_sampler = loader.batch_sampler
+    return {
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+        "dataset_length": _length(loader.dataset),
+        "sampler": type(loader.sampler).__qualname__,
+        "batch_sampler": None if batch_sampler is None else type(batch_sampler).__qualname__,
+    }
+
+
+def _check_fits(saved: Any, here: dict[str, Any]) -> None:
+    """A state from another loader would resume another epoch: indices
+    delivered twice or never. States saved before this check are taken as
+    they are."""
+    if saved is None:
+        return
+    if not isinstance(saved, dict):
+        raise _malformed(f"'loader' should be a dict, not {type(saved).__name__}")
+    what = {
+        "batch_size": "batch_size",
+        "drop_last": "drop_last",
+        "dataset_length": "len(dataset)",
+        "sampler": "sampler type",
+        "batch_sampler": "batch_sampler type",
+    }
+    for key, name in what.items():
+        if key in saved and saved[key] != here[key]:
+            raise ValueError(
+                f"this state was saved by a DataLoader with {name} {saved[key]!r}; this one "
+                f"has {here[key]!r}: a position in another loader's epoch would deliver "
+                "samples twice or never. Restore it into a DataLoader built the same way."
+            )

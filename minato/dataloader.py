@@ -223,6 +223,23 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             # The fork server imports torch (about a second): under way before iter().
             warm_up()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickling and ``copy.deepcopy`` copy, as torch's DataLoader: the
+        configuration (dataset, sampler, options), never a live iterator or
+        its workers. The copy starts fresh: its own stats, its own automatic
+        worker-method choice, and no epoch in progress; a state loaded with
+        ``load_state_dict`` and not yet iterated is carried over, so the
+        copy resumes from it."""
+        state = self.__dict__.copy()
+        state["_iterator"] = None
+        method = WorkerMethod(self.worker_method)
+        recorder = StatsRecorder()
+        recorder.method = method if self.num_workers > 0 else None
+        state["_worker_method"] = method
+        state["_stats_recorder"] = recorder
+        state["_progress"] = self._progress.fresh_copy()
+        return state
+
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is, for ``load_state_dict`` after a restart.
 
