@@ -77,6 +77,11 @@ class LoaderStats:
     ``WorkerInfo.worker_method`` values); None without workers."""
     worker_method_reason: str | None = None
     """Why: the option given, or what the automatic choice measured."""
+    loop_step: float | None = None
+    """Mean time the training loop spent between receiving a batch and asking
+    for the next (its own work: the step); worker threads that share its GIL
+    lengthen it, and the adaptive pool takes back a worker that slows it
+    by more than 10%. None before a second batch."""
     loop_gil_delay: float | None = None
     """Mean time the training loop's thread waited to take the GIL back
     after releasing it, as probed by ``worker_method="auto"`` while deciding;
@@ -119,6 +124,7 @@ class LoaderStats:
             ("sample timeout", _ms(self.sample_timeout)),
             ("skipped samples", str(self.skipped_samples)),
             ("worker method", f"{self.worker_method or '-'} ({self.worker_method_reason or '-'})"),
+            ("loop's step (between batches)", _ms(self.loop_step)),
             ("loop's GIL delay", _ms(self.loop_gil_delay)),
         ]
         width = max(len(name) for name, _ in rows)
@@ -248,6 +254,7 @@ class StatsRecorder:
             elapsed=0.0 if started is None else time.perf_counter() - started,
             worker_method=None if self.method is None else self.method.name,
             worker_method_reason=None if self.method is None else self.method.reason,
+            loop_step=figures.get("loop_step"),
             loop_gil_delay=None if self.method is None else self.method.loop_gil_delay,
         )
 

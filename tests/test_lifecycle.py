@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 import torch
@@ -346,3 +347,27 @@ def test_a_persistent_loader_works_again_after_keyboard_interrupt() -> None:
         dataset.open.set()
     assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]]
     del loader
+
+
+def test_keyboard_interrupt_leaves_a_waiting_next_within_a_second() -> None:
+    # next() waits with the GIL released and looks for signals only now and
+    # then (each look takes the GIL from the workers): rarely, but within 1 s.
+    dataset = Gate(10)
+    it = iter(minato.DataLoader(dataset, batch_size=2, num_workers=2))
+    signalled = []
+
+    def interrupt() -> None:
+        signalled.append(time.perf_counter())
+        _thread.interrupt_main()
+
+    timer = threading.Timer(0.3, interrupt)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            next(it)
+        left = time.perf_counter()
+        assert left - signalled[0] < 1.0
+    finally:
+        timer.cancel()
+        dataset.open.set()
+        del it

@@ -209,3 +209,23 @@ def test_an_iterable_datasets_pool_keeps_its_size() -> None:
     loader = minato.DataLoader(ShardedIterable(300), batch_size=2, num_workers=3)
     drain(loader)
     assert [n for _, n in loader.stats().worker_history] == [3]
+
+
+class OneHung(tud.Dataset):
+    """Eight samples; the last sleeps while the loop waits for its batch."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        if i == 7:
+            time.sleep(2.5)
+        return i
+
+
+def test_a_hung_sample_does_not_grow_the_pool() -> None:
+    # The loop starves, but nothing finishes: more workers would only wait
+    # beside the hung one (the pool once grew by two a second here).
+    loader = minato.DataLoader(OneHung(), batch_size=8, num_workers=2, sample_timeout=None)
+    assert [b.tolist() for b in loader] == [list(range(8))]
+    assert [n for _, n in loader.stats().worker_history] == [2]

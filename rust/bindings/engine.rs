@@ -104,8 +104,15 @@ impl PyEngine {
     /// positive; StopIteration when nothing of this epoch is pending. A
     /// worker's exception comes back as its value.
     fn next(&self, py: Python<'_>, timeout: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        self.engine
-            .wait_next(py, timeout, |engine, wait| engine.recv(wait))?
+        self.engine.deliver(py, || {
+            self.engine.wait_next(py, timeout, |engine, wait, new| {
+                if new {
+                    engine.recv(wait)
+                } else {
+                    engine.recv_again(wait)
+                }
+            })?
+        })
     }
 
     /// Fixes the pool at `workers` workers from now on: the adaptive

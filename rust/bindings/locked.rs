@@ -12,8 +12,9 @@ use crate::engine::{EngineError, Lifecycle};
 use crate::process::Process;
 
 /// How long the consumer waits with the GIL released before it looks for
-/// signals: Ctrl-C leaves a waiting loop within this time.
-const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+/// signals: Ctrl-C leaves a waiting loop within this time. Each look takes
+/// the GIL from the workers, so it is rare: twice a second.
+const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 
 /// An engine shared by the Python threads that hold its handle.
 ///
@@ -25,6 +26,10 @@ pub(crate) struct Locked<E: Lifecycle + Send> {
     inner: ManuallyDrop<Mutex<E>>,
     /// The process whose threads run the engine.
     process: Process,
+    /// An output received as a signal (Ctrl-C) was raised: the next call
+    /// delivers it, so that a loop that catches the KeyboardInterrupt and
+    /// goes on loses nothing.
+    held: Mutex<Option<Py<PyAny>>>,
 }
 
 impl<E: Lifecycle + Send> Locked<E> {
@@ -33,6 +38,7 @@ impl<E: Lifecycle + Send> Locked<E> {
         Locked {
             inner: ManuallyDrop::new(Mutex::new(engine)),
             process: Process::current(),
+            held: Mutex::new(None),
         }
     }
 
@@ -59,6 +65,7 @@ impl<E: Lifecycle + Send> Locked<E> {
     /// Ends the epoch with the GIL released: running tasks need it to finish.
     pub fn new_epoch(&self, py: Python<'_>) -> PyResult<()> {
         self.check_process()?;
+        self.take_held();
         detach(py, || self.lock().new_epoch()).map_err(|err| LoaderError::from(err).into())
     }
 
@@ -70,6 +77,35 @@ impl<E: Lifecycle + Send> Locked<E> {
         }
         let grace = Duration::from_secs_f64(grace.max(0.0));
         detach(py, || self.lock().shutdown(grace))
+    }
+
+    fn take_held(&self) -> Option<Py<PyAny>> {
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
+    }
+
+    /// The output held back by a signal, else `receive`'s. A signal that
+    /// arrived while `receive` waited is raised here, its output held back:
+    /// raised later, in the caller's Python, it would lose the output.
+    pub fn deliver(
+        &self,
+        py: Python<'_>,
+        receive: impl FnOnce() -> PyResult<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        if let Some(output) = self.take_held() {
+            return Ok(output);
+        }
+        let output = receive()?;
+        if let Err(signal) = py.check_signals() {
+            *self
+                .held
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(output);
+            return Err(signal);
+        }
+        Ok(output)
     }
 
     /// Runs a short, non-blocking `op` on the engine. When the lock is free
@@ -91,15 +127,16 @@ impl<E: Lifecycle + Send> Locked<E> {
     /// Waits for `recv`'s next output with the GIL released, at most
     /// `timeout` seconds when it is positive (then torch's timeout error),
     /// looking for signals meanwhile. An output already waiting is taken
-    /// without giving up the GIL.
+    /// without giving up the GIL. `recv`'s flag says whether the call is the
+    /// consumer's new request (the first) or the same one again.
     pub fn wait_next<T: Send>(
         &self,
         py: Python<'_>,
         timeout: &Bound<'_, PyAny>,
-        recv: impl Fn(&mut E, Duration) -> Result<T, EngineError> + Sync,
+        recv: impl Fn(&mut E, Duration, bool) -> Result<T, EngineError> + Sync,
     ) -> PyResult<T> {
         let seconds: f64 = timeout.extract()?;
-        match self.quick(py, |engine| recv(engine, Duration::ZERO))? {
+        match self.quick(py, |engine| recv(engine, Duration::ZERO, true))? {
             Err(EngineError::WaitElapsed) => {}
             ready => return ready.map_err(|err| LoaderError::from(err).into()),
         }
@@ -110,7 +147,7 @@ impl<E: Lifecycle + Send> Locked<E> {
                     .saturating_duration_since(Instant::now())
                     .min(SIGNAL_CHECK_INTERVAL)
             });
-            match detach(py, || recv(&mut self.lock(), wait)) {
+            match detach(py, || recv(&mut self.lock(), wait, false)) {
                 Err(EngineError::WaitElapsed) => {
                     if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                         let timeout = timeout.str()?.to_string();

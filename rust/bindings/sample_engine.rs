@@ -127,16 +127,18 @@ impl PySampleEngine {
 
     /// The next batch's samples, as a list, waiting at most `timeout`
     /// seconds when it is positive; StopIteration when nothing is pending.
-    fn next<'py>(
-        &self,
-        py: Python<'py>,
-        timeout: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyList>> {
-        let samples = self
-            .engine
-            .wait_next(py, timeout, |engine, wait| engine.recv(wait))?;
-        let samples: Vec<Py<PyAny>> = samples.into_iter().collect::<PyResult<_>>()?;
-        PyList::new(py, samples)
+    fn next(&self, py: Python<'_>, timeout: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.engine.deliver(py, || {
+            let samples = self.engine.wait_next(py, timeout, |engine, wait, new| {
+                if new {
+                    engine.recv(wait)
+                } else {
+                    engine.recv_again(wait)
+                }
+            })?;
+            let samples: Vec<Py<PyAny>> = samples.into_iter().collect::<PyResult<_>>()?;
+            Ok(PyList::new(py, samples)?.into_any().unbind())
+        })
     }
 
     /// The epoch's last batch is submitted: samples skipped this epoch are

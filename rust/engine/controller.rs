@@ -3,6 +3,10 @@
 //!
 //! MinatoLoader (paper §4.3, Formula 1) grows the pool when the ready queue
 //! runs empty and shrinks it when the queue stays full, in bounded steps.
+//! Here growth is multiplicative while each step pays (the count doubles:
+//! an I/O-bound pool reaches tens of workers in a few steps, not tens of
+//! them), and after the first step that does not, it refines in bounded
+//! steps.
 //! That alone cannot tell work that scales with threads (I/O, code that
 //! releases the GIL) from work that does not (code that holds the GIL, or
 //! cores already busy): more threads then only add contention. So every
@@ -16,7 +20,13 @@
 //! rarely), and briefly again once a step pays. A step that did not pay
 //! is followed by one probe downwards, kept only if one worker fewer loses
 //! nothing: work that holds the GIL often runs fastest on a single thread.
-//! A saturated CPU stops growth outright.
+//! A saturated CPU stops growth outright, and so does a window in which
+//! nothing finished.
+//!
+//! A worker also costs the training loop: threads share its GIL. The
+//! consumer's step (its time between two requests for a batch) is measured
+//! per window, and a growth step after which the loop's steps ran more than
+//! `max_step_slowdown` slower than before does not pay, whatever it gained.
 
 /// What the engine measured over one window.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -29,6 +39,9 @@ pub struct Window {
     /// The process's CPU use over recent time, as a fraction of all cores;
     /// None until known.
     pub cpu: Option<f64>,
+    /// The consumer's mean step, in seconds: its time between receiving a
+    /// batch and asking for the next. None when it took no step.
+    pub step: Option<f64>,
 }
 
 /// The controller's bounds and thresholds.
@@ -38,7 +51,8 @@ pub struct ControllerConfig {
     pub min_workers: usize,
     /// Most workers.
     pub max_workers: usize,
-    /// Largest change per decision (MinatoLoader's clip to ±2).
+    /// Largest change per decision once refining (MinatoLoader's clip to
+    /// ±2); until the first growth step that does not pay, the count doubles.
     pub max_step: usize,
     /// Occupancy below which the consumer is starving: grow.
     pub starving_below: f64,
@@ -54,6 +68,10 @@ pub struct ControllerConfig {
     pub ceiling_windows: u32,
     /// ...up to this many.
     pub max_ceiling_windows: u32,
+    /// A growth step after which the consumer's steps ran slower than this
+    /// share above their time before it does not pay (the GIL it took from
+    /// the training loop cost more than the data it added).
+    pub max_step_slowdown: f64,
 }
 
 impl ControllerConfig {
@@ -69,6 +87,7 @@ impl ControllerConfig {
             min_gain_share: 0.3,
             ceiling_windows: 4,
             max_ceiling_windows: 128,
+            max_step_slowdown: 0.1,
         }
     }
 }
@@ -78,6 +97,8 @@ impl ControllerConfig {
 struct Probe {
     from: usize,
     baseline: f64,
+    /// The consumer's step in the baseline window.
+    baseline_step: Option<f64>,
     /// The throughput of a first judging window that fell short: one noisy
     /// window does not take a step back, the mean of two does.
     first_look: Option<f64>,
@@ -103,6 +124,8 @@ pub struct Controller {
     ceiling_windows: u32,
     /// A growth step just failed: try one worker fewer next.
     try_fewer: bool,
+    /// Growth doubles the count until a growth step first fails to pay.
+    doubling: bool,
 }
 
 impl Controller {
@@ -116,6 +139,7 @@ impl Controller {
             probe: None,
             ceiling: None,
             try_fewer: false,
+            doubling: true,
         }
     }
 
@@ -139,13 +163,19 @@ impl Controller {
                 None => window.throughput,
             };
             let growth = !probe.downwards(self.workers);
-            if growth && probe.first_look.is_none() && !self.paid_off(probe, throughput) {
+            let paid = self.paid_off(probe, throughput, window.step);
+            if growth && probe.first_look.is_none() && !paid {
                 probe.first_look = Some(window.throughput);
                 self.probe = Some(probe);
                 return self.workers;
             }
-            if !self.paid_off(probe, throughput) {
-                if !probe.downwards(self.workers) {
+            if !paid {
+                if growth && self.workers - probe.from > self.config.max_step {
+                    // A doubling that did not pay: refine below where it went.
+                    self.doubling = false;
+                    self.ceiling = Some((self.workers - 1, self.ceiling_windows));
+                } else if growth {
+                    self.doubling = false;
                     self.ceiling = Some((probe.from, self.ceiling_windows));
                     self.ceiling_windows =
                         (self.ceiling_windows * 2).min(self.config.max_ceiling_windows);
@@ -165,6 +195,7 @@ impl Controller {
             self.probe = Some(Probe {
                 from: self.workers,
                 baseline: window.throughput,
+                baseline_step: window.step,
                 first_look: None,
             });
             self.workers -= 1;
@@ -184,11 +215,20 @@ impl Controller {
                 None => config.max_workers,
             };
             let cpu_saturated = window.cpu.is_some_and(|cpu| cpu >= config.cpu_saturated);
-            if self.workers < limit && !cpu_saturated {
-                let to = (self.workers + config.max_step).min(limit);
+            // Starving while nothing finishes is the loop waiting on hung
+            // or very slow samples: more workers would only wait beside them.
+            let finishing = window.throughput > 0.0;
+            if self.workers < limit && !cpu_saturated && finishing {
+                let step = if self.doubling {
+                    self.workers.max(config.max_step)
+                } else {
+                    config.max_step
+                };
+                let to = (self.workers + step).min(limit);
                 self.probe = Some(Probe {
                     from: self.workers,
                     baseline: window.throughput,
+                    baseline_step: window.step,
                     first_look: None,
                 });
                 self.workers = to;
@@ -200,8 +240,16 @@ impl Controller {
     }
 
     /// Whether going from `probe.from` to the current count raised
-    /// throughput enough, or, downwards, lost none.
-    fn paid_off(&self, probe: Probe, throughput: f64) -> bool {
+    /// throughput enough without slowing the consumer's steps past the
+    /// tolerance, or, downwards, lost no throughput.
+    fn paid_off(&self, probe: Probe, throughput: f64, step: Option<f64>) -> bool {
+        if !probe.downwards(self.workers) {
+            if let (Some(before), Some(after)) = (probe.baseline_step, step) {
+                if after > before * (1.0 + self.config.max_step_slowdown) {
+                    return false;
+                }
+            }
+        }
         if probe.baseline <= 0.0 {
             // Nothing finished before the step (a cold start): keep it.
             return true;
@@ -237,9 +285,10 @@ mod tests {
             let mut before = controller.workers();
             prop_assert!((min..=max).contains(&before));
             for (throughput, occupancy, cpu) in windows {
-                let after = controller.observe(Window { throughput, occupancy, cpu });
+                let after = controller.observe(Window { throughput, occupancy, cpu, step: None });
                 prop_assert!((min..=max).contains(&after));
-                prop_assert!(after.abs_diff(before) <= 2);
+                // Doubling while steps pay, and a doubling taken back.
+                prop_assert!(after.abs_diff(before) <= before.max(2));
                 before = after;
             }
         }
@@ -250,6 +299,7 @@ mod tests {
             throughput,
             occupancy: Some(occupancy),
             cpu,
+            step: None,
         }
     }
 
@@ -269,11 +319,11 @@ mod tests {
     }
 
     #[test]
-    fn scaling_work_grows_in_steps_of_two_up_to_the_maximum() {
-        let mut controller = Controller::new(ControllerConfig::new(1, 16), 2);
-        let counts = settle(&mut controller, |n| 100.0 * n as f64, 40);
-        assert!(counts.windows(2).all(|w| w[1].abs_diff(w[0]) <= 2));
-        assert_eq!(controller.workers(), 16);
+    fn scaling_work_doubles_up_to_the_maximum() {
+        let mut controller = Controller::new(ControllerConfig::new(1, 40), 2);
+        let counts = settle(&mut controller, |n| 100.0 * n as f64, 10);
+        assert_eq!(&counts[..5], &[4, 8, 16, 32, 40], "{counts:?}");
+        assert!(counts[5..].iter().all(|&n| n == 40), "{counts:?}");
     }
 
     #[test]
@@ -309,10 +359,15 @@ mod tests {
         // Scales linearly up to 10 workers, flat after.
         let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
         let counts = settle(&mut controller, |n| 100.0 * n.min(10) as f64, 60);
-        // One window a step up to 12, which does not pay; 9 is probed and
+        // Doubling to 16, which does not pay (two looks): back to 8, then
+        // steps of two up to 12, which does not pay either; 9 is probed and
         // loses; then 10, with 12 probed again ever more rarely.
-        assert_eq!(&counts[..8], &[4, 6, 8, 10, 12, 12, 10, 9], "{counts:?}");
-        assert!(counts.iter().all(|&n| n <= 12));
+        assert_eq!(
+            &counts[..11],
+            &[4, 8, 16, 16, 8, 10, 12, 12, 10, 9, 10],
+            "{counts:?}"
+        );
+        assert!(counts[4..].iter().all(|&n| n <= 12));
         let probes = probes_above(&counts, 10);
         let gaps: Vec<usize> = probes.windows(2).map(|w| w[1] - w[0]).collect();
         assert!(gaps.len() >= 3, "{counts:?}");
@@ -353,6 +408,44 @@ mod tests {
     }
 
     #[test]
+    fn a_starving_loop_with_nothing_finishing_does_not_grow_the_pool() {
+        // One hung sample holds the batch the loop waits for, and the other
+        // workers have nothing left to run: starving, yet nothing finishes.
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
+        for _ in 0..50 {
+            assert_eq!(controller.observe(window(0.0, 0.0, Some(0.05))), 2);
+        }
+        // Once samples finish again, a starving loop grows the pool.
+        assert_eq!(controller.observe(window(100.0, 0.0, Some(0.05))), 4);
+    }
+
+    fn stepping(throughput: f64, step: f64) -> Window {
+        Window {
+            throughput,
+            occupancy: Some(0.0),
+            cpu: Some(0.2),
+            step: Some(step),
+        }
+    }
+
+    #[test]
+    fn a_growth_step_that_slows_the_training_loop_is_taken_back() {
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
+        assert_eq!(controller.observe(stepping(200.0, 0.010)), 4);
+        // Twice the samples, but the loop's steps ran 30% slower: twice.
+        assert_eq!(controller.observe(stepping(400.0, 0.013)), 4, "look again");
+        assert_eq!(controller.observe(stepping(400.0, 0.013)), 2, "taken back");
+    }
+
+    #[test]
+    fn a_growth_step_within_the_loops_tolerance_is_kept() {
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
+        assert_eq!(controller.observe(stepping(200.0, 0.010)), 4);
+        // 5% slower steps, within the 10% tolerance: kept, and on.
+        assert_eq!(controller.observe(stepping(400.0, 0.0105)), 8);
+    }
+
+    #[test]
     fn a_saturated_cpu_adds_no_worker() {
         let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
         for _ in 0..10 {
@@ -384,6 +477,7 @@ mod tests {
             throughput: 100.0,
             occupancy: None,
             cpu: None,
+            step: None,
         };
         assert_eq!(controller.observe(idle), 2);
         assert_eq!(controller.observe(window(100.0, 0.0, None)), 4);
@@ -395,41 +489,42 @@ mod tests {
     #[test]
     fn windows_without_a_consumer_request_never_resize() {
         let mut controller = Controller::new(ControllerConfig::new(1, 64), 4);
-        assert_eq!(controller.observe(window(400.0, 0.0, None)), 6);
+        assert_eq!(controller.observe(window(400.0, 0.0, None)), 8);
         assert_eq!(
             controller.observe(window(600.0, 0.0, None)),
-            8,
+            16,
             "kept, and the next step taken"
         );
-        assert_eq!(controller.observe(window(800.0, 1.0, None)), 8, "kept");
+        assert_eq!(controller.observe(window(800.0, 1.0, None)), 16, "kept");
         let idle = Window {
             throughput: 0.0,
             occupancy: None,
             cpu: None,
+            step: None,
         };
         // The average still says "starving", but nobody asked: hold.
         for _ in 0..20 {
-            assert_eq!(controller.observe(idle), 8);
+            assert_eq!(controller.observe(idle), 16);
         }
         // A full queue moves the average up from 0: 0.5, 0.75, 0.875, then
         // past 0.9, where the pool shrinks.
         let full = window(600.0, 1.0, None);
         let counts: Vec<usize> = (0..4).map(|_| controller.observe(full)).collect();
-        assert_eq!(counts, [8, 8, 7, 6]);
+        assert_eq!(counts, [16, 16, 15, 14]);
     }
 
     #[test]
     fn one_noisy_window_does_not_take_a_step_back() {
         let mut controller = Controller::new(ControllerConfig::new(1, 64), 4);
-        assert_eq!(controller.observe(window(400.0, 0.0, None)), 6);
+        assert_eq!(controller.observe(window(400.0, 0.0, None)), 8);
         assert_eq!(
             controller.observe(window(380.0, 0.0, None)),
-            6,
+            8,
             "a dip: look again"
         );
-        // The mean of the two looks, 500, is a 25% gain for an ideal 50%:
+        // The mean of the two looks, 540, is a 35% gain for an ideal 100%:
         // kept, and the same window starts the next step.
-        assert_eq!(controller.observe(window(620.0, 0.0, None)), 8, "and on");
+        assert_eq!(controller.observe(window(700.0, 0.0, None)), 16, "and on");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! into the user's dataset. Everything here is tested by `cargo test`.
 
 mod assembler;
+mod consumer_steps;
 mod controller;
 mod cpu;
 mod dispatch;

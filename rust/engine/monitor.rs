@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, select, Receiver, RecvTimeoutError, Sender};
 
+use super::consumer_steps::ConsumerSteps;
 use super::controller::{Controller, ControllerConfig, Window};
 use super::cpu::CpuSampler;
 use super::error::EngineError;
@@ -37,6 +38,14 @@ fn tick_for(timeout: Option<Duration>) -> Duration {
         (t / 4).clamp(Duration::from_millis(1), Duration::from_millis(20))
     })
 }
+
+/// While no task runs there is nothing to flag or measure: the monitor
+/// sleeps until a worker starts one, waking this often regardless.
+const IDLE_TICK: Duration = Duration::from_secs(1);
+
+/// What the consumer shows of its needs: the ready queue's occupancy when
+/// it asks, and its steps between asks.
+pub(crate) type ConsumerSignals = (Arc<Occupancy>, Arc<ConsumerSteps>);
 
 /// What the monitor watches for.
 pub(crate) struct MonitorConfig {
@@ -82,6 +91,7 @@ struct Adapter {
     controller: Controller,
     cpu: CpuSampler,
     occupancy: Arc<Occupancy>,
+    steps: Arc<ConsumerSteps>,
     start: Mark,
     /// Mean task duration, from the last window that finished tasks.
     task_time: Duration,
@@ -93,11 +103,13 @@ struct Adapter {
 }
 
 impl Adapter {
-    fn new(controller: Controller, occupancy: Arc<Occupancy>, start: Mark) -> Self {
+    fn new(controller: Controller, signals: ConsumerSignals, start: Mark) -> Self {
+        let (occupancy, steps) = signals;
         Adapter {
             controller,
             cpu: CpuSampler::new(),
             occupancy,
+            steps,
             start,
             task_time: Duration::ZERO,
             settling: false,
@@ -110,6 +122,16 @@ impl Adapter {
     /// measured one, so late ends slow the ramp to a good count.
     fn tick_period(&self) -> Duration {
         (self.task_time / 4).clamp(Duration::from_millis(1), MIN_WINDOW)
+    }
+
+    /// Starts a fresh window after a rest: one that spanned it would
+    /// measure the rest, not the pool.
+    fn restart<W: WorkerHooks>(&mut self, pool: &Pool<W>) {
+        self.start = Mark::now(pool);
+        self.start_progress = 0.0;
+        self.settling = false;
+        self.occupancy.take_window();
+        self.steps.take_window();
     }
 
     fn tick<W: WorkerHooks>(&mut self, pool: &Pool<W>) {
@@ -140,6 +162,7 @@ impl Adapter {
         if self.settling {
             self.settling = false;
             self.occupancy.take_window();
+            self.steps.take_window();
             self.start = now;
             self.start_progress = pool.samples_in_progress(self.task_time);
             return;
@@ -159,6 +182,7 @@ impl Adapter {
             throughput: samples / elapsed.as_secs_f64(),
             occupancy: self.occupancy.take_window(),
             cpu: self.cpu.usage(),
+            step: self.steps.take_window(),
         };
         let decided = self.controller.observe(window);
         if pool.is_fixed() {
@@ -169,6 +193,43 @@ impl Adapter {
         }
         self.start = now;
         self.start_progress = progress;
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Rest {
+    /// Tasks were running, or the pool rested briefly (between two of the
+    /// consumer's requests): the window goes on.
+    Busy,
+    /// The pool rested longer than a window lasts: the loop stopped asking.
+    Rested,
+    Stop,
+}
+
+/// Waits while no worker runs a task, so that a loader at rest (between
+/// epochs, or a loop that stopped asking) costs no CPU.
+fn rest_while_idle<W: WorkerHooks>(
+    pool: &Pool<W>,
+    stopped: &Receiver<()>,
+    idle_tick: Duration,
+) -> Rest {
+    let began = Instant::now();
+    loop {
+        // A wake-up left from a task that has ended would cut the next
+        // rest short: drop it before looking.
+        while pool.work_started().try_recv().is_ok() {}
+        if !pool.is_idle() {
+            return if began.elapsed() >= MAX_WINDOW {
+                Rest::Rested
+            } else {
+                Rest::Busy
+            };
+        }
+        select! {
+            recv(stopped) -> _ => return Rest::Stop,
+            recv(pool.work_started()) -> _ => {}
+            default(idle_tick) => {}
+        }
     }
 }
 
@@ -183,7 +244,7 @@ impl Monitor {
     pub fn start<W: WorkerHooks>(
         pool: Arc<Pool<W>>,
         config: MonitorConfig,
-        occupancy: Arc<Occupancy>,
+        signals: ConsumerSignals,
     ) -> Result<Self, EngineError> {
         let adaptive = config.adaptive.filter(|_| pool.resizable());
         if config.slow_samples.is_none() && adaptive.is_none() {
@@ -194,13 +255,22 @@ impl Monitor {
         }
         let mut adapter = adaptive.map(|controller| {
             let controller = Controller::new(controller, pool.target());
-            Adapter::new(controller, occupancy, Mark::now(&pool))
+            Adapter::new(controller, signals, Mark::now(&pool))
         });
         let slow_samples = config.slow_samples;
         let (stop, stopped) = bounded::<()>(0);
         let handle = thread::Builder::new()
             .name("minato-monitor".to_owned())
             .spawn(move || loop {
+                match rest_while_idle(&pool, &stopped, IDLE_TICK) {
+                    Rest::Stop => return,
+                    Rest::Rested => {
+                        if let Some(adapter) = &mut adapter {
+                            adapter.restart(&pool);
+                        }
+                    }
+                    Rest::Busy => {}
+                }
                 let timeout = slow_samples
                     .as_ref()
                     .and_then(|(shared, _)| load_timeout(shared));
@@ -243,6 +313,7 @@ impl Drop for Monitor {
 
 #[cfg(test)]
 mod tests {
+    use super::super::task::{Outcome, Task};
     use super::*;
 
     #[test]
@@ -272,5 +343,74 @@ mod tests {
             tick_for(Some(Duration::from_secs(2))),
             Duration::from_millis(20)
         );
+    }
+
+    /// Runs each task until the test releases it.
+    struct Gated {
+        release: Receiver<()>,
+    }
+
+    impl WorkerHooks for Gated {
+        type Payload = ();
+        type Output = ();
+        type State = ();
+
+        fn init(&self, _worker_id: usize) {}
+
+        fn run(&self, _state: &mut (), _epoch: u64, _payload: ()) -> Outcome<()> {
+            let _ = self.release.recv();
+            Outcome::Value(())
+        }
+    }
+
+    #[test]
+    fn a_resting_monitor_wakes_when_a_worker_starts_a_task() {
+        let (release, gate) = bounded::<()>(0);
+        let (submit, tasks) = bounded::<Task<()>>(1);
+        let (results, finished) = bounded(1);
+        let pool = Pool::start(Gated { release: gate }, vec![tasks], results).unwrap();
+        let (_stop, stopped) = bounded::<()>(0);
+        // A tick of an hour: only the wake-up can end this rest.
+        let resting = {
+            let pool = pool.clone();
+            thread::spawn(move || rest_while_idle(&pool, &stopped, Duration::from_secs(3600)))
+        };
+        thread::sleep(Duration::from_millis(50));
+        assert!(!resting.is_finished(), "an idle pool rests");
+        let task = Task {
+            seq: 0,
+            epoch: 0,
+            samples: 1,
+            payload: (),
+        };
+        submit.send(task).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !resting.is_finished() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert!(resting.is_finished(), "the task's start woke the monitor");
+        // The rest was short: the window it interrupted goes on.
+        assert_eq!(resting.join().unwrap(), Rest::Busy);
+        release.send(()).unwrap();
+        finished.recv_timeout(Duration::from_secs(10)).unwrap();
+        drop(submit);
+        pool.shutdown(Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_resting_monitor_stops_at_once() {
+        let (_release, gate) = bounded::<()>(0);
+        let (submit, tasks) = bounded::<Task<()>>(1);
+        let (results, _finished) = bounded(1);
+        let pool = Pool::start(Gated { release: gate }, vec![tasks], results).unwrap();
+        let (stop, stopped) = bounded::<()>(0);
+        let resting = {
+            let pool = pool.clone();
+            thread::spawn(move || rest_while_idle(&pool, &stopped, Duration::from_secs(3600)))
+        };
+        drop(stop);
+        assert_eq!(resting.join().unwrap(), Rest::Stop);
+        drop(submit);
+        pool.shutdown(Duration::from_secs(10));
     }
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
 use super::error::EngineError;
 use super::task::{Done, Finished, Task};
@@ -81,8 +81,10 @@ fn progress(running: Duration, task_time: Duration, samples: usize) -> f64 {
     samples as f64 * share
 }
 
-/// How often an idle worker checks whether the pool has shrunk past it.
-const IDLE_CHECK: Duration = Duration::from_millis(50);
+/// How often an idle worker checks whether the pool has shrunk past it: a
+/// pool at rest should cost nothing measurable, and a shrink only needs to
+/// take effect before the next epoch's work, not at once.
+const IDLE_CHECK: Duration = Duration::from_millis(500);
 /// Most entries kept in the worker-count history (the oldest go first).
 const MAX_HISTORY: usize = 4096;
 
@@ -128,6 +130,9 @@ pub(crate) struct PoolShared {
     started: Instant,
     state: Mutex<PoolState>,
     a_worker_exited: Condvar,
+    /// A worker started a task: wakes a monitor that sleeps while the pool
+    /// is idle. Bounded to one, as one wake-up is all it needs.
+    work_started: (Sender<()>, Receiver<()>),
     /// Tests: new threads ask for a stack no machine has, so spawning fails
     /// the way it does at a resource limit.
     #[cfg(test)]
@@ -223,6 +228,7 @@ impl<W: WorkerHooks> Pool<W> {
                     history: vec![(Duration::ZERO, target)],
                 }),
                 a_worker_exited: Condvar::new(),
+                work_started: bounded(1),
                 #[cfg(test)]
                 fail_spawns: AtomicBool::new(false),
             }),
@@ -311,6 +317,16 @@ impl<W: WorkerHooks> Pool<W> {
     pub fn busy_on_fast_tasks(&self) -> usize {
         let state = self.shared.state();
         state.busy.len().saturating_sub(state.flagged)
+    }
+
+    /// No worker is running a task.
+    pub fn is_idle(&self) -> bool {
+        self.shared.state().busy.is_empty()
+    }
+
+    /// Receives one message after a worker starts a task (see `is_idle`).
+    pub fn work_started(&self) -> &Receiver<()> {
+        &self.shared.work_started.1
     }
 
     /// How many workers are kept free for fast tasks.
@@ -521,6 +537,8 @@ fn worker_main<W: WorkerHooks>(
                     orphaned: false,
                 };
                 shared.state().busy.insert(worker_id, busy);
+                // Full means a wake-up is already waiting.
+                let _ = shared.work_started.0.try_send(());
                 match &mut state {
                     Err(message) => Finished::Panicked(message.clone()),
                     Ok(state) => catch_unwind(AssertUnwindSafe(|| {

@@ -16,7 +16,7 @@ use super::monitor::{store_timeout, MonitorConfig, SharedTimeout};
 use super::pool::WorkerHooks;
 use super::sample_timeout::{SampleTimeout, TimeoutEstimator};
 use super::scheduler::FETCH_WINDOW;
-use super::stats::EngineStats;
+use super::stats::{Ask, EngineStats};
 use super::task::{Done, Finished, Outcome, Sample};
 use super::workers::Workers;
 
@@ -226,20 +226,32 @@ where
         Ok(())
     }
 
-    /// The next batch, waiting at most `wait` for enough samples.
+    /// The next batch, waiting at most `wait` for enough samples: the
+    /// consumer's request for it, counted in the occupancy signal.
     pub fn recv(&mut self, wait: Duration) -> Result<Vec<S>, EngineError> {
+        self.recv_asking(wait, Ask::New)
+    }
+
+    /// As `recv`, for the same request again after a wait ran out: counted
+    /// once, or a long wait would count as many requests that found nothing.
+    pub fn recv_again(&mut self, wait: Duration) -> Result<Vec<S>, EngineError> {
+        self.recv_asking(wait, Ask::Again)
+    }
+
+    fn recv_asking(&mut self, wait: Duration, ask: Ask) -> Result<Vec<S>, EngineError> {
         if self.workers.is_shut_down() {
             return Err(EngineError::ShutDown);
         }
         self.bound = self.workers.scaled(self.max_samples_in_flight);
         let ready =
             self.assembler.ready_samples() + self.workers.results_waiting() * self.last_run_length;
-        let _waiting = self.workers.record_occupancy(ready, self.bound);
+        let _waiting = self.workers.consumer_asks(ask, ready, self.bound);
         loop {
             if let Some(err) = &self.broken {
                 return Err(err.clone());
             }
             if let Some(batch) = self.assembler.pop_batch() {
+                self.workers.consumer_received();
                 return Ok(batch);
             }
             if self.assembler.pending_batches() == 0 {

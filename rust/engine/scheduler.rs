@@ -11,7 +11,7 @@ use super::lifecycle::Lifecycle;
 use super::monitor::MonitorConfig;
 use super::pool::WorkerHooks;
 use super::sequencer::{Order, Sequencer};
-use super::stats::EngineStats;
+use super::stats::{Ask, EngineStats};
 use super::task::{Done, Finished, Outcome};
 use super::workers::Workers;
 
@@ -127,16 +127,28 @@ impl<W: WorkerHooks> Engine<W> {
         Ok(())
     }
 
-    /// The next output in delivery order, waiting at most `wait` for it.
+    /// The next output in delivery order, waiting at most `wait` for it:
+    /// the consumer's request for it, counted in the occupancy signal.
     pub fn recv(&mut self, wait: Duration) -> Result<W::Output, EngineError> {
+        self.recv_asking(wait, Ask::New)
+    }
+
+    /// As `recv`, for the same request again after a wait ran out: counted
+    /// once, or a long wait would count as many requests that found nothing.
+    pub fn recv_again(&mut self, wait: Duration) -> Result<W::Output, EngineError> {
+        self.recv_asking(wait, Ask::Again)
+    }
+
+    fn recv_asking(&mut self, wait: Duration, ask: Ask) -> Result<W::Output, EngineError> {
         if self.workers.is_shut_down() {
             return Err(EngineError::ShutDown);
         }
         self.bound = self.workers.scaled(self.max_in_flight);
         let ready = self.sequencer.ready() + self.workers.results_waiting();
-        let _waiting = self.workers.record_occupancy(ready, self.bound);
+        let _waiting = self.workers.consumer_asks(ask, ready, self.bound);
         loop {
             if let Some(item) = self.sequencer.pop() {
+                self.workers.consumer_received();
                 return item;
             }
             if self.sequencer.pending() == 0 {

@@ -22,6 +22,9 @@ pub struct EngineStats {
     /// Mean ready-queue occupancy (0..=1) seen by the consumer when it asked
     /// for the next batch; None before it asked.
     pub occupancy: Option<f64>,
+    /// The consumer's mean step: its time between receiving an output and
+    /// asking for the next (the training loop's own work); None before one.
+    pub loop_step: Option<Duration>,
     pub slow_samples: u64,
     pub sample_timeout: Option<Duration>,
     pub fetch_p50: Option<Duration>,
@@ -55,6 +58,14 @@ pub(crate) struct Occupancy {
     total_count: AtomicU64,
     /// The consumer is inside `recv`, waiting for its batch.
     consumer_waiting: AtomicBool,
+}
+
+/// Whether a consumer's call is a new request for an output or the same
+/// one again after a wait ran out (it looked for signals meanwhile).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ask {
+    New,
+    Again,
 }
 
 /// Marks the consumer as waiting for a batch until dropped.

@@ -904,3 +904,46 @@ fn a_new_epoch_does_not_wait_for_a_stuck_task() {
     let jobs = instant_values(40..44);
     assert_eq!(run_all(&mut engine, &jobs).len(), 4);
 }
+
+// ---- the consumer's signals ----
+
+#[test]
+fn a_long_wait_counts_as_one_request_in_the_occupancy_signal() {
+    let (mut engine, _) = start(config(2, 4, Order::Submission, Dispatch::Shared));
+    engine.submit(value_after(0, 100_000)).unwrap();
+    engine.submit(value_after(1, 0)).unwrap();
+    // The request for the first output finds nothing ready (0 of 4), and
+    // is made again after each short wait runs out, as the bindings do
+    // while they look for signals.
+    assert_eq!(
+        engine.recv(Duration::from_millis(1)),
+        Err(EngineError::WaitElapsed)
+    );
+    let mut again = engine.recv_again(Duration::from_millis(1));
+    while again == Err(EngineError::WaitElapsed) {
+        again = engine.recv_again(Duration::from_millis(1));
+    }
+    assert_eq!(again.unwrap().1, 0);
+    // The second output has long been ready: its request finds 1 of 4.
+    thread::sleep(Duration::from_millis(50));
+    assert_eq!(engine.recv(WAIT).unwrap().1, 1);
+    let occupancy = engine.stats().occupancy.unwrap();
+    assert!(
+        (occupancy - 0.125).abs() < 1e-9,
+        "two requests, (0 + 1/4) / 2: {occupancy}"
+    );
+}
+
+#[test]
+fn the_consumers_steps_are_measured_between_receipt_and_request() {
+    let (mut engine, _) = start(config(1, 4, Order::Submission, Dispatch::Shared));
+    for value in 0..3 {
+        engine.submit(value_after(value, 0)).unwrap();
+    }
+    engine.recv(WAIT).unwrap();
+    assert_eq!(engine.stats().loop_step, None, "no step yet");
+    thread::sleep(Duration::from_millis(30)); // the training step
+    engine.recv(WAIT).unwrap();
+    let step = engine.stats().loop_step.unwrap();
+    assert!(step >= Duration::from_millis(30), "{step:?}");
+}

@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
 
+use super::consumer_steps::ConsumerSteps;
 use super::dispatch::{Dispatch, Dispatcher};
 use super::error::EngineError;
 use super::monitor::{Monitor, MonitorConfig};
 use super::pool::{Pool, WorkerHooks};
-use super::stats::{ConsumerWaiting, EngineStats, Occupancy};
+use super::stats::{Ask, ConsumerWaiting, EngineStats, Occupancy};
 use super::task::{Done, Task};
 
 /// How long ending an epoch waits for the tasks still running before it
@@ -24,6 +25,7 @@ pub(crate) struct Workers<W: WorkerHooks> {
     pool: Arc<Pool<W>>,
     monitor: Monitor,
     occupancy: Arc<Occupancy>,
+    steps: Arc<ConsumerSteps>,
     /// The worker count asked for at the start: in-flight bounds are given
     /// for it and scale with the pool when it grows.
     initial_workers: usize,
@@ -62,7 +64,9 @@ impl<W: WorkerHooks> Workers<W> {
         let (result_tx, results) = bounded(queue_capacity);
         let pool = Pool::start(hooks, receivers, result_tx)?;
         let occupancy = Arc::new(Occupancy::default());
-        let monitor = match Monitor::start(pool.clone(), monitor, occupancy.clone()) {
+        let steps = Arc::new(ConsumerSteps::default());
+        let signals = (occupancy.clone(), steps.clone());
+        let monitor = match Monitor::start(pool.clone(), monitor, signals) {
             Ok(monitor) => monitor,
             Err(err) => {
                 drop(dispatcher); // closes the queues: idle workers leave
@@ -74,6 +78,7 @@ impl<W: WorkerHooks> Workers<W> {
             pool,
             monitor,
             occupancy,
+            steps,
             initial_workers: workers,
             dispatcher,
             results,
@@ -112,9 +117,19 @@ impl<W: WorkerHooks> Workers<W> {
     /// Records how full the ready queue is as the consumer asks for more.
     /// Records what the consumer found ready when it asked, and marks it
     /// waiting until the returned guard drops (at the end of its `recv`).
-    pub fn record_occupancy(&self, ready: usize, capacity: usize) -> ConsumerWaiting {
-        self.occupancy.record(ready, capacity);
+    /// The consumer asks for its next output, `ready` of `capacity` being
+    /// ready: a new request is counted in the occupancy signal.
+    pub fn consumer_asks(&self, ask: Ask, ready: usize, capacity: usize) -> ConsumerWaiting {
+        if ask == Ask::New {
+            self.occupancy.record(ready, capacity);
+            self.steps.asked();
+        }
         ConsumerWaiting::new(self.occupancy.clone())
+    }
+
+    /// The consumer received its output: its step starts.
+    pub fn consumer_received(&self) {
+        self.steps.received();
     }
 
     /// Finished tasks waiting in the result queue.
@@ -131,6 +146,7 @@ impl<W: WorkerHooks> Workers<W> {
             samples_loaded: shared.samples_done.load(Ordering::Relaxed),
             busy: Duration::from_nanos(shared.busy_nanos.load(Ordering::Relaxed)),
             occupancy: self.occupancy.mean(),
+            loop_step: self.steps.mean(),
             ..EngineStats::default()
         }
     }
@@ -198,6 +214,7 @@ impl<W: WorkerHooks> Workers<W> {
             return Err(EngineError::ShutDown);
         }
         self.pool.shared.epoch.fetch_add(1, Ordering::AcqRel);
+        self.steps.new_epoch();
         if self.pool.resizable() {
             self.unreceived -= self.pool.drain_queued();
             let deadline = Instant::now() + END_EPOCH_WAIT;
