@@ -19,6 +19,7 @@ import array
 import io
 import os
 import pickle
+import pickletools
 import socket
 import struct
 import threading
@@ -157,6 +158,43 @@ def _plain_tensor(tensor: torch.Tensor) -> bool:
         and not tensor.is_neg()
         and not tensor.is_quantized
     )
+
+
+_STRING_PUSHES = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
+_MEMO_GETS = {"BINGET", "LONG_BINGET", "GET"}
+_MEMO_PUTS = {"BINPUT", "LONG_BINPUT", "PUT"}
+
+
+def modules_named(payload: Payload) -> list[str]:
+    """The modules a pickle imports objects from (its GLOBAL and
+    STACK_GLOBAL opcodes), in order of first use; builtins and __main__ left
+    out. A scan of the opcodes: nothing is unpickled."""
+    modules: dict[str, None] = {}
+    memo: dict[int, Any] = {}
+    pushed: list[Any] = []  # the values of the last pushes, strings or None
+    for opcode, arg, _ in pickletools.genops(payload.data):
+        name = opcode.name
+        if name in _STRING_PUSHES:
+            pushed.append(arg)
+        elif name in _MEMO_GETS:
+            pushed.append(memo.get(arg))
+        elif name == "MEMOIZE":
+            memo[len(memo)] = pushed[-1] if pushed else None
+        elif name in _MEMO_PUTS:
+            memo[arg] = pushed[-1] if pushed else None
+        elif name == "GLOBAL":
+            modules[str(arg).split(" ", 1)[0]] = None
+            pushed.append(None)
+        elif name == "STACK_GLOBAL":
+            if len(pushed) >= 2 and isinstance(pushed[-2], str):
+                modules[pushed[-2]] = None
+            pushed.append(None)
+        elif name not in ("FRAME", "PROTO"):
+            pushed.append(None)
+        del pushed[:-2]
+    for unwanted in ("builtins", "__builtin__", "__main__"):
+        modules.pop(unwanted, None)
+    return list(modules)
 
 
 def dumps(obj: Any) -> Payload:

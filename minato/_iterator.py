@@ -492,14 +492,20 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         processes once the fork server is up (see minato._worker_method)."""
         method, processes = self._method, self._processes
         assert processes is not None
+        now = time.perf_counter()
+        if method.batch_received(now) == "revert":
+            self._off_processes()
+            return
         if method.wants_processes and not method.processes:
-            if fork_server_ready():
-                method.activate()
+            if fork_server_ready() and method.ready_for_processes():
+                loader = self._loader()
+                in_flight = 0 if loader is None else self._batches_in_flight(loader)
+                # Only a loader whose workers move between tasks can go back.
+                method.activate(in_flight, trial=processes.per_task_switch)
                 self._on_processes()
             return
         if method.decided:
             return
-        now = time.perf_counter()
         if method.wants_probe(now):
             method.probe()
         if now < self._next_method_check or self._engine is None:
@@ -512,7 +518,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         if why is not None:
             method.cannot_use_processes(why)
         else:
-            warm_up()
+            warm_up(processes.modules())
 
     def _on_processes(self) -> None:
         """The workers now hand their tasks to processes: the pool stops
@@ -521,6 +527,10 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         if self._engine is None or loader is None or loader.max_workers is not None:
             return
         self._engine.fix_workers(self._num_workers)
+
+    def _off_processes(self) -> None:
+        """The trial found processes slower: the workers run their next tasks
+        themselves (each stops its process first, see ProcessWorkers.runner)."""
 
     def _end_epoch_early(self) -> None:
         """After the failure budget's error: the epoch is over."""

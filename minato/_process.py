@@ -76,8 +76,22 @@ class _Zygote:
         self.sock = ours
         self.pid = os.getpid()
         self.lock = threading.Lock()
+        self.imported: set[str] = set()
         if ours.recv(1) != b"r":
             raise RuntimeError("minato's fork server failed to start (see its output above)")
+
+    def preload(self, modules: list[str]) -> None:
+        """Has the zygote import `modules` (those not sent before), so that
+        the workers it forks from now on start with them imported."""
+        with self.lock:
+            new = [name for name in modules if name not in self.imported]
+            if not new:
+                return
+            names = json.dumps(new).encode()
+            self.sock.sendall(b"i" + _zygote.LENGTH.pack(len(names)) + names)
+            if self.sock.recv(1) != b"k":
+                raise EOFError("minato's fork server exited")
+            self.imported.update(new)
 
     def fork(self, worker_end: socket.socket) -> int:
         """Starts a worker process on `worker_end`; returns its pid."""
@@ -111,16 +125,19 @@ def _zygote_now() -> _Zygote:
         return zygote
 
 
-def warm_up() -> None:
+def warm_up(modules: list[str] | None = None) -> None:
     """Starts the fork server in the background (it imports torch and
-    minato, about a second here) so that worker processes, when wanted,
-    start in milliseconds."""
+    minato, about a second here), and has it import `modules` (the
+    dataset's), so that worker processes, when wanted, start in
+    milliseconds."""
     global _warming_in
     with _zygote_start_lock:
-        if _warming_in == os.getpid():
+        if _warming_in == os.getpid() and not modules:
             return
         _warming_in = os.getpid()
-    threading.Thread(target=_warm, name="minato fork server", daemon=True).start()
+    threading.Thread(
+        target=_warm, args=(modules or [],), name="minato fork server", daemon=True
+    ).start()
 
 
 # The process a warm-up was started in (a fork child starts its own).
@@ -128,9 +145,9 @@ _warming_in: int | None = None
 _zygote_start_lock = threading.Lock()
 
 
-def _warm() -> None:
+def _warm(modules: list[str]) -> None:
     try:
-        _zygote_now()
+        _zygote_now().preload(modules)
     except Exception:  # reported again when a worker process is started
         pass
 
@@ -152,9 +169,9 @@ class WorkerProcess:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             try:
-                self.pid = _zygote_now().fork(theirs)
+                self.pid = self._fork(workers, theirs)
             except (EOFError, OSError):  # the fork server died: once more, with a new one
-                self.pid = _zygote_now().fork(theirs)
+                self.pid = self._fork(workers, theirs)
         finally:
             theirs.close()
         self.sock = ours
@@ -165,6 +182,12 @@ class WorkerProcess:
         workers.adopt(self)
         _ipc.send(ours, (worker_id, samples))
         _ipc.send_payload(ours, workers.spec_payload())
+
+    @staticmethod
+    def _fork(workers: ProcessWorkers, theirs: socket.socket) -> int:
+        zygote = _zygote_now()
+        zygote.preload(workers.modules())
+        return zygote.fork(theirs)
 
     def call(self, message: Any, limit: float | None) -> Any:
         """Sends a task and waits for its answer (socket waits release the
@@ -231,6 +254,7 @@ class ProcessWorkers:
         self.per_task_switch = per_task_switch
         self._lock = threading.Lock()
         self._payload: _ipc.Payload | None = None
+        self._modules: list[str] | None = None
         self._processes: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
         self.closed = False
         _live.add(self)
@@ -249,6 +273,14 @@ class ProcessWorkers:
                     )
                     raise
             return self._payload
+
+    def modules(self) -> list[str]:
+        """The modules the spec's pickle imports from (see _ipc.modules_named)."""
+        payload = self.spec_payload()
+        with self._lock:
+            if self._modules is None:
+                self._modules = _ipc.modules_named(payload)
+            return self._modules
 
     def check_picklable(self) -> str | None:
         """Why the spec cannot go to a worker process, or None."""
@@ -295,7 +327,10 @@ class ProcessWorkers:
                 on_processes = epoch_on_processes.setdefault(epoch, method.processes)
                 if len(epoch_on_processes) > 2:
                     epoch_on_processes.pop(min(epoch_on_processes))
-            return remote.run(epoch, task) if on_processes else thread_run(epoch, task)
+            if on_processes:
+                return remote.run(epoch, task)
+            remote.stop()  # back on threads (auto's trial): its process goes
+            return thread_run(epoch, task)
 
         return run
 
@@ -304,9 +339,22 @@ _live: weakref.WeakSet[ProcessWorkers] = weakref.WeakSet()
 
 
 def stop_all() -> None:
-    """At interpreter exit: every worker process goes."""
+    """At interpreter exit: every worker process goes, and the fork server
+    (waited for, so that no child outlives the loader's process and Python
+    does not warn of a subprocess still running)."""
     for workers in list(_live):
         workers.close()
+    global _the_zygote
+    with _zygote_lock:
+        zygote, _the_zygote = _the_zygote, None
+    if zygote is None or zygote.pid != os.getpid():
+        return
+    zygote.sock.close()  # the fork server exits when its socket closes
+    try:
+        zygote.process.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        zygote.process.kill()
+        zygote.process.wait()
 
 
 class _Remote:
@@ -319,6 +367,12 @@ class _Remote:
         self.process: WorkerProcess | None = None
         self.epoch: int | None = None
         self.stream_lost: int | None = None
+
+    def stop(self) -> None:
+        """Its process, if it has one, leaves (its last task has returned)."""
+        process, self.process = self.process, None
+        if process is not None:
+            process.stop()
 
     def _process(self) -> WorkerProcess:
         if self.process is None:

@@ -17,9 +17,14 @@ Python holds the GIL, which threads can only share:
   interpreter's 5 ms switch interval when one does); high when worker
   threads slow the training loop, even a single worker.
 
-Either past its threshold moves the loader to processes, once, for good;
-both well below it for ``DECIDE_AFTER_S`` keeps threads and ends the
-probing. On free-threaded Python (no GIL) auto always keeps threads. The
+Either past its threshold puts the loader on processes *on trial*: the
+training loop's own rate, batches per second as it receives them (what
+the user's program gets done, the loop's steps and waits together), is
+measured on threads first, then on processes, and the loader keeps the
+faster, for good. Processes that do not pay (a loop the GIL does not slow
+much, a dataset whose samples cost more to send than to make) go back to
+threads. Both signals well below their threshold for ``DECIDE_AFTER_S``
+keeps threads and ends the probing. On free-threaded Python (no GIL) auto always keeps threads. The
 decision and its reason are in ``stats()`` and logged once (INFO, the
 ``minato`` logger).
 """
@@ -36,8 +41,11 @@ WORKER_METHODS = ("auto", "thread", "multiprocessing")
 
 # Workers that wait this share of their fetch time for the GIL are serialised by it.
 GIL_BOUND_SHARE = 0.2
-# A loop that waits this long on average to take the GIL back is slowed by the workers.
-LOOP_DELAY_BOUND_S = 0.001
+# A loop that waits this long on average to take the GIL back is slowed by
+# the workers: a GPU training step takes it back after every op it launches,
+# thousands a step, so a fraction of a millisecond each adds up (the trial
+# on processes tells whether it added up to more than they cost).
+LOOP_DELAY_BOUND_S = 0.0003
 # Evidence wanted before deciding: time since the workers started...
 MIN_WINDOW_S = 0.15
 # ...samples loaded, and probes of the loop's GIL delay.
@@ -53,6 +61,38 @@ MIN_SAMPLE_WORK_S = 100e-6
 DECIDE_AFTER_S = 1.0
 # Probes of the loop's GIL delay, at most this often.
 PROBE_INTERVAL_S = 0.01
+# Each side of the trial measures the loop's rate over at least this long
+# and this many batches...
+TRIAL_MIN_S = 1.0
+TRIAL_MIN_BATCHES = 8
+# ...and processes keep the loader unless the loop ran this much slower on
+# them than on threads (they have been paid for: start-up, memory).
+TRIAL_TOLERANCE = 0.03
+
+
+class _Arm:
+    """The loop's rate on one side of the trial: the intervals between the
+    batches it received, the first `skip` of them left out."""
+
+    def __init__(self, skip: int = 0) -> None:
+        self.skip = skip
+        self.intervals = 0
+        self.seconds = 0.0
+
+    def add(self, interval: float) -> None:
+        if self.skip > 0:
+            self.skip -= 1
+            return
+        self.intervals += 1
+        self.seconds += interval
+
+    @property
+    def complete(self) -> bool:
+        return self.intervals >= TRIAL_MIN_BATCHES and self.seconds >= TRIAL_MIN_S
+
+    @property
+    def rate(self) -> float:
+        return self.intervals / self.seconds if self.seconds > 0 else 0.0
 
 
 def check_worker_method(worker_method: object) -> None:
@@ -104,6 +144,11 @@ class WorkerMethod:
         # Every probe taken, for stats().
         self.probe_total = 0.0
         self.probes = 0
+        # The trial (auto): the loop's rate on threads, then on processes.
+        self._last_batch: float | None = None
+        self._on_threads = _Arm()
+        self._on_processes: _Arm | None = None
+        self._heuristic = ""
 
     @property
     def name(self) -> str:
@@ -114,6 +159,50 @@ class WorkerMethod:
         """Measurements start over (new workers: their start-up is not evidence)."""
         self._window = None if figures is None else self._window_of(figures)
         self._probe_total, self._probes = 0.0, 0
+        self._last_batch = None  # no interval spans two epochs
+
+    @property
+    def on_trial(self) -> bool:
+        """On processes, the trial not yet judged."""
+        return self._on_processes is not None
+
+    def batch_received(self, now: float) -> str | None:
+        """The loop received a batch: its rate is measured for the trial.
+        Returns ``"revert"`` when the trial finds processes slower than
+        threads (the loader goes back to threads for good), else None."""
+        last, self._last_batch = self._last_batch, now
+        if last is None or self.requested != "auto":
+            return None
+        if not self.processes:
+            if not self._on_threads.complete:
+                self._on_threads.add(now - last)
+            return None
+        trial = self._on_processes
+        if trial is None:
+            return None
+        trial.add(now - last)
+        if not trial.complete:
+            return None
+        self._on_processes = None
+        threads, processes = self._on_threads.rate, trial.rate
+        if processes >= threads * (1 - TRIAL_TOLERANCE):
+            self.reason = (
+                f"auto: worker processes, the training loop ran {processes:.1f} batches/s "
+                f"on them against {threads:.1f} on threads ({self._heuristic})"
+            )
+            logger.info("minato: keeping worker processes (%s)", self.reason)
+            return None
+        self.processes = self.wants_processes = False
+        self.reason = (
+            f"auto: threads, the training loop ran {threads:.1f} batches/s on them "
+            f"against {processes:.1f} on processes ({self._heuristic})"
+        )
+        logger.info("minato: back to worker threads (%s)", self.reason)
+        return "revert"
+
+    def ready_for_processes(self) -> bool:
+        """Auto moves once the loop's rate on threads is measured."""
+        return self.requested != "auto" or self._on_threads.complete
 
     @staticmethod
     def _window_of(figures: dict[str, float]) -> _Window:
@@ -199,13 +288,20 @@ class WorkerMethod:
         self.decided = True
         self.wants_processes = processes
         self.reason = reason
-        what = "moving to worker processes" if processes else "keeping worker threads"
-        logger.info("minato: %s (%s)", what, reason)
+        if processes:
+            self._heuristic = reason.removeprefix("auto: ")
+            self.reason = f"auto: trying worker processes, as {self._heuristic}"
+        what = "trying worker processes" if processes else "keeping worker threads"
+        logger.info("minato: %s (%s)", what, self.reason)
         return "move" if processes else None
 
-    def activate(self) -> None:
-        """Workers hand their next tasks to processes."""
+    def activate(self, batches_in_flight: int = 0, trial: bool = True) -> None:
+        """Workers hand their next tasks to processes. With `trial` (auto),
+        the loop's rate on them is measured from the batch after the
+        `batches_in_flight` that threads had loaded (those arrive at once)."""
         self.processes = True
+        if self.requested == "auto" and trial:
+            self._on_processes = _Arm(skip=batches_in_flight + 1)
 
     def cannot_use_processes(self, why: str) -> None:
         """Processes cannot run this loader (auto only): threads for good."""

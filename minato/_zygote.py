@@ -14,10 +14,17 @@ Protocol, over a Unix socket: the loader sends a request with one file
 descriptor (the worker's end of its own socket); the zygote forks, the
 child runs ``minato._process_child.main`` on it, and the zygote answers
 the child's pid. The zygote leaves when the loader's end closes.
+
+A loader also sends the modules its dataset's pickle names (torchvision's
+transforms, the user's own package...), once: the zygote imports them, so
+that its workers start with them imported instead of each importing them
+again when it unpickles the dataset (a second or more with torchvision).
 """
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import signal
 import socket
@@ -26,6 +33,26 @@ import sys
 
 # The zygote's answer to a request: the worker's pid.
 PID = struct.Struct("<q")
+# A request to import modules: b"i", then the length of their JSON list.
+LENGTH = struct.Struct("<I")
+
+
+def _recv_exactly(control: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        more = control.recv(size - len(data))
+        if not more:
+            os._exit(0)
+        data += more
+    return data
+
+
+def _import_all(names: list[str]) -> None:
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except BaseException:  # the worker imports it, or reports why it cannot
+            pass
 
 
 def serve(fd: int) -> None:
@@ -38,9 +65,14 @@ def serve(fd: int) -> None:
     control.sendall(b"r")  # ready: torch and minato are imported
     while True:
         try:
-            _, fds, _, _ = socket.recv_fds(control, 1, 1)
+            request, fds, _, _ = socket.recv_fds(control, 1, 1)
         except OSError:
             os._exit(0)
+        if request == b"i":
+            (size,) = LENGTH.unpack(_recv_exactly(control, LENGTH.size))
+            _import_all(json.loads(_recv_exactly(control, size)))
+            control.sendall(b"k")
+            continue
         if not fds:  # the loader's end closed
             os._exit(0)
         pid = os.fork()

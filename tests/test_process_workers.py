@@ -23,7 +23,8 @@ import torch.utils.data as tud
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 import minato
-from minato import _process
+from minato import _ipc, _process, _worker_method
+from minato._worker_method import WorkerMethod
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -363,7 +364,9 @@ def test_no_worker_process_outlives_break_exception_or_collection() -> None:
     )
     iterator = iter(persistent)
     next(iterator)
-    assert len(workers_of_this_process()) == 2
+    # Each worker starts its process with its first task: the second may
+    # still be starting when the first batch arrives.
+    assert wait_until(lambda: len(workers_of_this_process()) == 2)
     del iterator, persistent
     assert wait_until(lambda: not workers_of_this_process())
 
@@ -437,14 +440,16 @@ def test_auto_keeps_threads_where_the_work_releases_the_gil() -> None:
     loader = minato.DataLoader(
         Sleeps(), batch_size=8, shuffle=True, num_workers=2, persistent_workers=True
     )
+    # Kept at once, or (a loaded machine delays the loop's probes) after
+    # a trial on processes that found them slower.
     for _ in range(10):
         assert indices(loader) == list(range(4000))
-        if "releases the GIL" in (loader.stats().worker_method_reason or ""):
+        reason = loader.stats().worker_method_reason or ""
+        if "releases the GIL" in reason or "on processes" in reason:
             break
     stats = loader.stats()
-    assert stats.worker_method == "thread"
-    assert "releases the GIL" in stats.worker_method_reason
-    assert not workers_of_this_process()
+    assert stats.worker_method == "thread", stats.worker_method_reason
+    assert wait_until(lambda: not workers_of_this_process())
 
 
 def test_the_option_forces_either_way() -> None:
@@ -529,3 +534,120 @@ def test_auto_on_free_threaded_python_keeps_threads(monkeypatch: pytest.MonkeyPa
     loader = minato.DataLoader(PurePython(), batch_size=8, shuffle=True, num_workers=2)
     assert indices(loader) == list(range(4000))
     assert loader.stats().worker_method == "thread"
+
+
+def test_the_fork_server_imports_the_datasets_modules_once(tmp_path: Path) -> None:
+    # Each worker would otherwise import them again when it unpickles the
+    # dataset (a second or more for torchvision), every loader anew.
+    (tmp_path / "probe_mod.py").write_text(
+        textwrap.dedent("""
+            import os
+            import torch.utils.data as tud
+
+            with open(os.environ["IMPORTS_LOG"], "a") as log:
+                log.write(f"{os.getpid()}\\n")
+
+            class Pids(tud.Dataset):
+                def __len__(self):
+                    return 8
+
+                def __getitem__(self, i):
+                    return os.getpid()
+            """)
+    )
+    script = textwrap.dedent("""
+        import os
+        import minato
+        from probe_mod import Pids
+
+        workers = set()
+        for _ in range(2):
+            loader = minato.DataLoader(
+                Pids(), batch_size=2, num_workers=2, worker_method="multiprocessing"
+            )
+            workers |= {int(pid) for batch in loader for pid in batch}
+            del loader
+        print(sorted(workers))
+        """)
+    log = tmp_path / "imports.log"
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, IMPORTS_LOG=str(log))
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert run.returncode == 0, run.stderr
+    worker_pids = set(eval(run.stdout.strip().splitlines()[-1]))
+    importers = [int(line) for line in log.read_text().split()]
+    assert len(worker_pids) == 4, "two loaders of two worker processes"
+    # The loader's process, then the fork server: no worker imported it.
+    assert len(importers) == 2 and not worker_pids & set(importers), importers
+
+
+def test_a_pickles_modules_are_found_without_unpickling() -> None:
+    from collections import OrderedDict
+    from fractions import Fraction
+
+    payload = _ipc.dumps({"a": Fraction(1, 3), "b": OrderedDict(), "c": [Fraction(2)]})
+    assert _ipc.modules_named(payload) == ["fractions", "collections"]
+
+
+def _trial(threads_interval: float, processes_interval: float) -> tuple[WorkerMethod, list]:
+    """Runs auto's trial on synthetic batch times: 12 batches on threads,
+    the move, then batches on processes until it is judged."""
+    method = WorkerMethod("auto")
+    now, verdicts = 0.0, []
+    for _ in range(12):
+        now += threads_interval
+        verdicts.append(method.batch_received(now))
+    method._decide(True, "auto: the training loop waited 2.0 ms ...")
+    assert method.ready_for_processes()
+    method.activate(batches_in_flight=4)
+    for _ in range(40):
+        if not method.on_trial:
+            break
+        now += processes_interval
+        verdicts.append(method.batch_received(now))
+    return method, verdicts
+
+
+def test_auto_keeps_processes_when_the_loop_runs_faster_on_them() -> None:
+    method, verdicts = _trial(threads_interval=0.2, processes_interval=0.1)
+    assert set(verdicts) == {None}
+    assert method.processes and method.name == "multiprocessing"
+    assert "10.0 batches/s on them against 5.0 on threads" in method.reason
+
+
+def test_auto_goes_back_to_threads_when_the_loop_runs_slower_on_processes() -> None:
+    method, verdicts = _trial(threads_interval=0.1, processes_interval=0.2)
+    assert verdicts[-1] == "revert" and verdicts.count("revert") == 1
+    assert not method.processes and not method.wants_processes and method.decided
+    assert method.name == "thread"
+    assert "10.0 batches/s on them against 5.0 on processes" in method.reason
+    # The batches threads had loaded before the move were not counted.
+    assert len(verdicts) == 12 + 5 + 8
+
+
+def test_a_loader_back_on_threads_delivers_every_sample_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Processes judged slower whatever they do: the workers go back to
+    # threads mid-epoch, each stopping its process after its last task.
+    monkeypatch.setattr(_worker_method, "TRIAL_TOLERANCE", -100.0)
+    monkeypatch.setattr(_worker_method, "TRIAL_MIN_S", 0.05)
+    loader = minato.DataLoader(PurePython(), batch_size=8, shuffle=True, num_workers=2)
+    reasons = []
+    for _ in range(6):
+        assert indices(loader) == list(range(4000))
+        reasons.append(loader.stats().worker_method_reason)
+        if "on processes" in reasons[-1]:
+            break
+    stats = loader.stats()
+    assert stats.worker_method == "thread", reasons
+    assert "on them against" in stats.worker_method_reason
+    del loader
+    assert wait_until(lambda: not workers_of_this_process())
