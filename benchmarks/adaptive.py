@@ -2,9 +2,11 @@
 
 - io: every sample sleeps 5 ms (I/O-like: scales with threads, not cores);
 - cpu: numpy sorts that release the GIL (scales up to the core count);
-- gil: pure-Python arithmetic that holds the GIL (does not scale at all).
+- gil: pure-Python arithmetic that holds the GIL (does not scale at all);
+- io-short: every sample sleeps 3 ms, an epoch of 3000 samples only (the
+  ramp from 2 workers is a large share of it).
 
-Each workload runs 5000 samples (batch_size 32, shuffle=True: the default
+Each workload runs 5000 samples (io-short: 3000) (batch_size 32, shuffle=True: the default
 training set-up) through minato.DataLoader with adaptive=False at each fixed
 count, then once with adaptive=True starting from num_workers=2. Throughput
 is samples/s over the epoch; "reached" is the share of the epoch's samples
@@ -38,6 +40,18 @@ class IoLike(tud.Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         time.sleep(0.005)
+        return torch.tensor([i])
+
+
+class IoShort(tud.Dataset):
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.003)
         return torch.tensor([i])
 
 
@@ -76,12 +90,22 @@ WORKLOADS = {
     "io": (IoLike, [2, 4, 8, 16, 32, 64]),
     "cpu": (CpuNumpy, [1, 2, 3, 4, 8]),
     "gil": (GilPython, [1, 2, 4, 8]),
+    "io-short": (IoShort, [2, 4, 8, 16, 32, 64]),
 }
+# Workloads whose epoch length is part of the case.
+SAMPLES = {"io-short": 3000}
 
 
 def run(dataset, num_workers: int, adaptive: bool):
+    # Threads: the controller resizes a thread pool (on processes the pool
+    # keeps num_workers, and auto would move the gil workload there).
     loader = minato.DataLoader(
-        dataset, batch_size=BATCH, shuffle=True, num_workers=num_workers, adaptive=adaptive
+        dataset,
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=num_workers,
+        adaptive=adaptive,
+        worker_method="thread",
     )
     times, counts = [], []
     start = time.perf_counter()
@@ -144,7 +168,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.samples} samples, batch_size {BATCH}, shuffle=True")
     for name in args.only or list(WORKLOADS):
         make, sweep = WORKLOADS[name]
-        dataset = make(args.samples)
+        dataset = make(SAMPLES.get(name, args.samples))
         print(f"\n== {name}")
         fixed = {}
         for workers in sweep:

@@ -72,6 +72,9 @@ pub struct ControllerConfig {
     /// share above their time before it does not pay (the GIL it took from
     /// the training loop cost more than the data it added).
     pub max_step_slowdown: f64,
+    /// ...and by at least this many seconds: a loop whose steps take
+    /// microseconds (data alone) varies by more than 10% from noise.
+    pub min_step_slowdown_s: f64,
 }
 
 impl ControllerConfig {
@@ -88,6 +91,7 @@ impl ControllerConfig {
             ceiling_windows: 4,
             max_ceiling_windows: 128,
             max_step_slowdown: 0.1,
+            min_step_slowdown_s: 0.0005,
         }
     }
 }
@@ -245,7 +249,9 @@ impl Controller {
     fn paid_off(&self, probe: Probe, throughput: f64, step: Option<f64>) -> bool {
         if !probe.downwards(self.workers) {
             if let (Some(before), Some(after)) = (probe.baseline_step, step) {
-                if after > before * (1.0 + self.config.max_step_slowdown) {
+                let allowed =
+                    (before * self.config.max_step_slowdown).max(self.config.min_step_slowdown_s);
+                if after > before + allowed {
                     return false;
                 }
             }
@@ -443,6 +449,15 @@ mod tests {
         assert_eq!(controller.observe(stepping(200.0, 0.010)), 4);
         // 5% slower steps, within the 10% tolerance: kept, and on.
         assert_eq!(controller.observe(stepping(400.0, 0.0105)), 8);
+    }
+
+    #[test]
+    fn microsecond_steps_slowed_by_noise_do_not_stop_growth() {
+        // A loop that only takes batches: 50 us steps, 100 us after the
+        // step (twice, but by less than the 0.5 ms that matters).
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
+        assert_eq!(controller.observe(stepping(200.0, 0.000_05)), 4);
+        assert_eq!(controller.observe(stepping(400.0, 0.000_1)), 8);
     }
 
     #[test]

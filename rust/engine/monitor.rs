@@ -149,8 +149,11 @@ impl Adapter {
         } else if elapsed
             < MIN_WINDOW
                 .max(self.task_time * TASKS_PER_WINDOW)
+                .max(self.steps.mean().unwrap_or_default())
                 .min(MAX_WINDOW)
         {
+            // A window also spans one of the loop's steps, so that every
+            // growth step is judged on what it did to the loop too.
             return;
         }
         let finished = now.samples.saturating_sub(self.start.samples);
