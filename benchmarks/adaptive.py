@@ -32,6 +32,8 @@ BATCH = 32
 
 
 class IoLike(tud.Dataset):
+    sleep_s = 0.005
+
     def __init__(self, samples: int) -> None:
         self.samples = samples
 
@@ -39,20 +41,12 @@ class IoLike(tud.Dataset):
         return self.samples
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(0.005)
+        time.sleep(self.sleep_s)
         return torch.tensor([i])
 
 
-class IoShort(tud.Dataset):
-    def __init__(self, samples: int) -> None:
-        self.samples = samples
-
-    def __len__(self) -> int:
-        return self.samples
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(0.003)
-        return torch.tensor([i])
+class IoShort(IoLike):
+    sleep_s = 0.003
 
 
 class CpuNumpy(tud.Dataset):
