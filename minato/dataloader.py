@@ -73,10 +73,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     - ``sample_timeout``, ``sample_timeout_warmup``, ``max_slow_samples``: the
       per-sample timeout of out-of-order batching (see the README).
     - ``adaptive`` (default True): resize the worker pool while running,
-      starting from ``num_workers``: grow (by at most 2 at a time) while the
-      training loop waits for data and each step raises samples/s; shrink
-      while batches pile up unused. Map-style datasets only: each worker of
-      an IterableDataset owns a stream, so its count stays fixed.
+      starting from ``num_workers``: grow (doubling, then by at most 2 at a
+      time once a doubling did not pay) while the training loop waits for
+      data and each step raises samples/s without slowing the loop's own
+      steps by more than 10%; shrink while batches pile up unused.
+      Map-style datasets only: each worker of an IterableDataset owns a
+      stream, so its count stays fixed.
       ``num_workers`` keeps the value given; ``stats().workers`` is the live
       count.
     - ``max_workers`` (default ``max(num_workers, 64)``): the adaptive bound.
@@ -111,8 +113,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       torch sets up its workers (``get_worker_info().worker_method ==
       "multiprocessing"``), forked from minato's fork server, never from
       this process; everything else stays the engine's. ``"auto"`` starts on
-      threads and moves to processes when the dataset's Python serialises
-      the threads or slows the training loop (see the README);
+      threads and tries processes when the dataset's Python serialises the
+      threads or slows the training loop, keeping them only if the loop
+      received batches at least as fast on them (see the README);
       ``stats().worker_method`` and ``.worker_method_reason`` tell.
     - ``sample_hard_timeout`` (seconds per sample, default None): a worker
       process whose task runs past it is killed and the sample fails
