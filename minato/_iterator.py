@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.collate import default_collate
-from torch.utils.data._utils.pin_memory import pin_memory
 from torch.utils.data.dataloader import (
     _BaseDataLoaderIter,
     _DatasetKind,
@@ -19,6 +18,7 @@ from torch.utils.data.dataloader import (
 )
 
 from minato._collate import fast_default_collate
+from minato._collate_stage import sample_collator
 from minato._device import DeviceStage, Failure, HostBatch
 from minato._failures import (
     SampleFailure,
@@ -327,6 +327,8 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             worker_init_fn=loader.worker_init_fn,
             take_stream_skip=loader._progress.take_stream_skip,
             skip_errors=self._skip_errors,
+            pin=self._pin_memory,
+            pin_device=self._pin_memory_device or None,
         )
 
     def _adaptive(self, loader: DataLoader) -> bool:
@@ -483,8 +485,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             self._report(samples, waited)
             if self._processes is not None:
                 self._watch_method()
-            if self._pin_memory:
-                data = pin_memory(data, self._pin_memory_device)
+            # Pinned already, off this thread (minato._collate_stage).
             return tags, data
 
     def _watch_method(self) -> None:
@@ -619,6 +620,12 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         self._processes = self._process_workers(loader, spec)
         return SampleEngine(
             worker_factory(spec, samples=True, processes=self._processes),
+            sample_collator(
+                self._collate_fn,
+                pin=self._pin_memory,
+                device=self._pin_memory_device or None,
+                base_seed=int(self._base_seed),
+            ),
             skipped_type=Skipped,
             drop_last=self._drop_last,
             num_workers=self._starting_workers(loader),
@@ -663,14 +670,11 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             self._engine.close_epoch()
 
     def _to_batch(self, data: Any) -> tuple[list[int], int, Any, list[Any]]:
-        tags = [tag for tag, _ in data]
-        samples = [sample for _, sample in data]
-        for sample in samples:
-            if isinstance(sample, ExceptionWrapper):
-                return tags, 0, Failure(sample), []
-        try:
-            return tags, len(samples), self._collate_fn(samples), []
-        except Exception as error:
+        """The engine delivered a batch collated on its collate thread (see
+        minato._collate_stage.sample_collator)."""
+        tags, samples, batch, error = data
+        if error is not None:
             indices = self._epoch.indices_of(tags)
-            error.add_note(f"(collating sample indices {indices} in the main thread)")
+            error.add_note(f"(collating sample indices {indices} in the loader's collate thread)")
             return tags, 0, Failure(error), []
+        return tags, samples, batch, []

@@ -23,6 +23,7 @@ import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import worker as _torch_worker
 
+from minato._collate_stage import pinning
 from minato._failures import (
     SampleFailure,
     Skipped,
@@ -63,6 +64,10 @@ class WorkerSpec:
     take_stream_skip: Callable[[int], int] = lambda _stream: 0
     # on_error="skip": a failing sample is left out instead of failing its batch.
     skip_errors: bool = False
+    # pin_memory: a batch-level worker pins each batch it delivers, on the
+    # given device's behalf (None: the current accelerator's).
+    pin: bool = False
+    pin_device: str | None = None
 
 
 # What a worker is, in messages: "process" in a worker process (minato._process_child).
@@ -119,6 +124,12 @@ def worker_factory(
     """
 
     def make_worker(worker_id: int) -> Callable[[int, Any], Any]:
+        run = make_thread_runner(worker_id)
+        # Off the training loop's thread, as torch's pin-memory thread does
+        # (a sample-level batch is pinned where it is collated).
+        return pinning(run, spec.pin_device) if spec.pin and not samples else run
+
+    def make_thread_runner(worker_id: int) -> Callable[[int, Any], Any]:
         if processes is not None and processes.forced:
             # Never on this thread: no copy, no worker_init_fn here.
             return processes.runner(worker_id, samples, None)

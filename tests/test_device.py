@@ -86,6 +86,7 @@ def fake_cuda_stage(monkeypatch: pytest.MonkeyPatch) -> None:
     own bookkeeping: order, prefetch depth, failures, resume tags."""
     import contextlib
 
+    import minato._collate_stage as collate_stage
     import minato._device as device_module
     import minato._iterator as iterator_module
 
@@ -100,7 +101,7 @@ def fake_cuda_stage(monkeypatch: pytest.MonkeyPatch) -> None:
         "resolve_device",
         lambda device: torch.device("cpu") if device == "fake-cuda" else None,
     )
-    monkeypatch.setattr(iterator_module, "pin_memory", lambda data, device=None: data)
+    monkeypatch.setattr(collate_stage, "pinned", lambda data, device=None: data)
     # torch's own single-process iterator pins through its module.
     monkeypatch.setattr(
         torch.utils.data._utils.pin_memory, "pin_memory", lambda data, device=None: data

@@ -9,6 +9,7 @@ mod io_image;
 mod io_source;
 mod io_video;
 mod locked;
+mod sample_collate;
 mod sample_engine;
 mod stats;
 mod worker;

@@ -9,14 +9,16 @@ use pyo3::types::{PyDict, PyList};
 use super::detach;
 use super::errors::LoaderError;
 use super::locked::Locked;
+use super::sample_collate::PythonCollate;
 use super::stats::{self, GilWait};
 use super::worker::PythonSampleWorker;
 use crate::engine::{SampleEngine, SampleEngineConfig, SampleTimeout};
 
-type Engine = SampleEngine<Py<PyAny>, PyResult<Py<PyAny>>, PythonSampleWorker>;
+type Engine = SampleEngine<Py<PyAny>, PyResult<Py<PyAny>>, PythonSampleWorker, PythonCollate>;
 
 /// Worker threads loading single samples (`make_worker(id)(epoch, indices)`),
-/// delivering batches built from whichever samples are ready first.
+/// delivering batches built from whichever samples are ready first, each
+/// made by `collate(samples)` on the engine's collate thread.
 #[pyclass(name = "SampleEngine", module = "minato._minato", frozen)]
 pub(crate) struct PySampleEngine {
     engine: Locked<Engine>,
@@ -27,10 +29,11 @@ pub(crate) struct PySampleEngine {
 impl PySampleEngine {
     #[new]
     #[allow(clippy::too_many_arguments)] // one per keyword argument
-    #[pyo3(signature = (make_worker, *, skipped_type, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace, max_workers=None, drop_last=false))]
+    #[pyo3(signature = (make_worker, collate, *, skipped_type, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace, max_workers=None, drop_last=false))]
     fn new(
         py: Python<'_>,
         make_worker: Py<PyAny>,
+        collate: Py<PyAny>,
         skipped_type: Py<PyAny>,
         num_workers: usize,
         max_samples_in_flight: usize,
@@ -71,7 +74,9 @@ impl PySampleEngine {
             skipped_type,
             gil_wait: gil_wait.clone(),
         };
-        let engine = detach(py, || Engine::start(config, hooks)).map_err(LoaderError::from)?;
+        let collate = PythonCollate { collate };
+        let engine = detach(py, || Engine::start_collating(config, hooks, collate))
+            .map_err(LoaderError::from)?;
         Ok(PySampleEngine {
             engine: Locked::new(engine),
             gil_wait,
@@ -125,19 +130,17 @@ impl PySampleEngine {
         Ok(true)
     }
 
-    /// The next batch's samples, as a list, waiting at most `timeout`
+    /// The next batch, as `collate` made it, waiting at most `timeout`
     /// seconds when it is positive; StopIteration when nothing is pending.
     fn next(&self, py: Python<'_>, timeout: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         self.engine.deliver(py, || {
-            let samples = self.engine.wait_next(py, timeout, |engine, wait, new| {
+            self.engine.wait_next(py, timeout, |engine, wait, new| {
                 if new {
                     engine.recv(wait)
                 } else {
                     engine.recv_again(wait)
                 }
-            })?;
-            let samples: Vec<Py<PyAny>> = samples.into_iter().collect::<PyResult<_>>()?;
-            Ok(PyList::new(py, samples)?.into_any().unbind())
+            })?
         })
     }
 

@@ -21,6 +21,8 @@ pub enum EngineError {
     NoActiveWorker,
     /// A worker panicked while running a task (or while starting up).
     WorkerPanicked { worker: usize, message: String },
+    /// The thread that collates assembled batches panicked.
+    CollatorPanicked(String),
     /// Every worker thread is gone while tasks were still outstanding.
     WorkersGone,
     /// The engine was shut down; it accepts and delivers nothing more.
@@ -45,6 +47,9 @@ impl fmt::Display for EngineError {
             Self::NoActiveWorker => write!(f, "every worker is exhausted for this epoch"),
             Self::WorkerPanicked { worker, message } => {
                 write!(f, "minato worker thread {worker} panicked: {message}")
+            }
+            Self::CollatorPanicked(message) => {
+                write!(f, "minato's collate thread panicked: {message}")
             }
             Self::WorkersGone => write!(f, "all minato worker threads exited unexpectedly"),
             Self::ShutDown => write!(f, "the minato engine has been shut down"),

@@ -6,6 +6,8 @@
 //! into the user's dataset. Everything here is tested by `cargo test`.
 
 mod assembler;
+mod assembly_thread;
+mod collate;
 mod consumer_steps;
 mod controller;
 mod cpu;
@@ -15,6 +17,7 @@ mod fetch_times;
 mod lifecycle;
 mod monitor;
 mod pool;
+mod sample_core;
 mod sample_scheduler;
 mod sample_timeout;
 mod scheduler;
@@ -24,6 +27,7 @@ mod task;
 mod task_clock;
 mod workers;
 
+pub use collate::{Collate, Uncollated};
 pub use controller::{Controller, ControllerConfig, Window};
 pub use dispatch::Dispatch;
 pub use error::EngineError;

@@ -1,25 +1,30 @@
 //! The sample-level engine: workers load samples, batches are assembled from
-//! whichever samples are ready, and workers stuck on slow samples are
-//! replaced while they finish.
+//! whichever samples are ready and collated on the engine's assembly thread,
+//! and workers stuck on slow samples are replaced while they finish.
 
+use std::marker::PhantomData;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 
 use super::assembler::Assembler;
+use super::assembly_thread::{AssemblyThread, Output};
+use super::collate::{Collate, Uncollated};
 use super::controller::ControllerConfig;
 use super::dispatch::Dispatch;
 use super::error::EngineError;
 use super::fetch_times::FetchTimes;
 use super::lifecycle::Lifecycle;
-use super::monitor::{store_timeout, MonitorConfig, SharedTimeout};
+use super::monitor::{store_timeout, MonitorConfig};
 use super::pool::WorkerHooks;
+use super::sample_core::{SampleCore, SampleShared};
 use super::sample_timeout::{SampleTimeout, TimeoutEstimator};
 use super::scheduler::FETCH_WINDOW;
 use super::stats::{Ask, EngineStats};
-use super::task::{Done, Finished, Outcome, Sample};
+use super::task::Sample;
 use super::workers::Workers;
-
 /// How a sample engine is set up.
 #[derive(Debug, Clone)]
 pub struct SampleEngineConfig {
@@ -51,20 +56,20 @@ pub const RUN_TARGET: Duration = Duration::from_micros(500);
 /// Longest run of samples in one task.
 const MAX_RUN: usize = 64;
 
-/// Runs one sample task per run of indices and hands back whole batches.
+/// Runs one sample task per run of indices and hands back whole batches,
+/// collated by `C` off the consumer's thread.
 ///
 /// `W::run` gets a run of sample payloads and returns one output per
 /// payload: a sample, or a skipped sample's record (the failure policy),
 /// handed over by `take_skipped`.
-pub struct SampleEngine<P, S, W>
+pub struct SampleEngine<P, S, W, C = Uncollated>
 where
     W: WorkerHooks<Payload = Vec<P>, Output = Vec<Sample<S>>>,
+    C: Collate<S>,
 {
-    workers: Workers<W>,
-    assembler: Assembler<S>,
-    timeout: TimeoutEstimator,
-    shared_timeout: SharedTimeout,
-    fetch_times: FetchTimes,
+    shared: Arc<SampleShared<S, W>>,
+    assembly: AssemblyThread,
+    output: Receiver<Output<C::Batch>>,
     max_samples_in_flight: usize,
     /// The bound for the pool's size, read when the consumer receives; see
     /// `Engine`'s.
@@ -74,16 +79,33 @@ where
     /// The least time a task should take (see `RUN_TARGET`).
     run_target: Duration,
     max_batch_size: usize,
-    slow_samples: u64,
-    /// Set when a worker panicked: the batches can no longer be completed.
-    broken: Option<EngineError>,
+    payloads: PhantomData<fn(P)>,
 }
 
-impl<P, S, W> SampleEngine<P, S, W>
+impl<P, S, W> SampleEngine<P, S, W, Uncollated>
 where
+    P: Send + 'static,
+    S: Send + 'static,
     W: WorkerHooks<Payload = Vec<P>, Output = Vec<Sample<S>>>,
 {
+    /// An engine that delivers each batch as its list of samples.
     pub fn start(config: SampleEngineConfig, hooks: W) -> Result<Self, EngineError> {
+        Self::start_collating(config, hooks, Uncollated)
+    }
+}
+
+impl<P, S, W, C> SampleEngine<P, S, W, C>
+where
+    P: Send + 'static,
+    S: Send + 'static,
+    W: WorkerHooks<Payload = Vec<P>, Output = Vec<Sample<S>>>,
+    C: Collate<S>,
+{
+    pub fn start_collating(
+        config: SampleEngineConfig,
+        hooks: W,
+        collate: C,
+    ) -> Result<Self, EngineError> {
         let max_batch_size = config.max_batch_size.max(1);
         let max_samples = config.max_samples_in_flight.max(max_batch_size);
         // Every task holds at least one sample, so tasks in flight never
@@ -102,76 +124,93 @@ where
             },
             config.shutdown_grace,
         )?;
-        Ok(SampleEngine {
+        let results = workers.results();
+        let core = SampleCore::new(
             workers,
-            assembler: Assembler::new(config.drop_last),
+            Assembler::new(config.drop_last),
             timeout,
             shared_timeout,
-            fetch_times: FetchTimes::new(FETCH_WINDOW),
+            FetchTimes::new(FETCH_WINDOW),
+        );
+        let shared = Arc::new(SampleShared::new(core));
+        let (assembly, output) = match AssemblyThread::start(shared.clone(), results, collate) {
+            Ok(started) => started,
+            Err(err) => {
+                shared.lock().workers.shutdown(Duration::ZERO);
+                return Err(err);
+            }
+        };
+        Ok(SampleEngine {
+            shared,
+            assembly,
+            output,
             max_samples_in_flight: max_samples,
             bound: max_samples,
             last_run_length: 1,
             run_target: RUN_TARGET,
             max_batch_size,
-            slow_samples: 0,
-            broken: None,
+            payloads: PhantomData,
         })
     }
 
     /// Fixes the pool at `workers` for the rest of its life: the adaptive
     /// controller no longer resizes it.
     pub fn fix_workers(&self, workers: usize) {
-        self.workers.fix_workers(workers);
+        self.shared.lock().workers.fix_workers(workers);
     }
 
     /// Worker threads running now, replacements included.
     pub fn num_workers(&self) -> usize {
-        self.workers.live()
+        self.shared.lock().workers.live()
     }
 
     /// The slow-sample timeout now; None while warming up or when off.
     pub fn sample_timeout(&self) -> Option<Duration> {
-        self.timeout.current()
+        self.shared.lock().timeout.current()
     }
 
     /// Samples flagged slow so far.
     pub fn slow_samples(&self) -> u64 {
-        self.slow_samples
+        self.shared.lock().slow_samples
     }
 
     /// The engine's figures now.
     pub fn stats(&self) -> EngineStats {
+        let core = self.shared.lock();
         EngineStats {
-            slow_samples: self.slow_samples,
-            sample_timeout: self.timeout.current(),
-            ..self.workers.stats()
+            slow_samples: core.slow_samples,
+            sample_timeout: core.timeout.current(),
+            ..core.workers.stats()
         }
-        .with_fetch_times(&self.fetch_times)
+        .with_fetch_times(&core.fetch_times)
     }
 
     /// Whether another batch (of at most `max_batch_size`) fits under the
     /// in-flight bound now, or is needed to fill a batch skipped samples
     /// left short.
     pub fn can_submit(&self) -> bool {
-        !self.workers.is_shut_down()
-            && (self.assembler.samples_in_flight() + self.max_batch_size <= self.bound
-                || self.assembler.starved())
+        let core = self.shared.lock();
+        !core.workers.is_shut_down()
+            && (core.samples_in_flight() + self.max_batch_size <= self.bound
+                || core.assembler.starved())
     }
 
     /// The consumer has submitted the epoch's last batch: the samples
     /// skipped this epoch are taken off its last batches (see `Assembler`).
     pub fn close_epoch(&mut self) {
-        self.assembler.close();
+        self.shared.lock().assembler.close();
+        // A batch cut short may be complete now.
+        self.assembly.check();
     }
 
     /// The records of the samples skipped since the last call, this epoch.
     pub fn take_skipped(&mut self) -> Vec<S> {
-        self.assembler.take_skipped()
+        self.shared.lock().assembler.take_skipped()
     }
 
     /// Batches of this epoch submitted and not yet delivered.
     pub fn pending(&self) -> usize {
-        self.assembler.pending_batches()
+        self.shared.lock().pending()
     }
 
     /// Sets the least time a task should take, from the next batch on.
@@ -182,27 +221,22 @@ where
     /// Sets the floor of the automatic per-sample timeout (see
     /// `TimeoutEstimator::set_min_auto`).
     pub fn set_min_auto_timeout(&mut self, floor: Duration) {
-        self.timeout.set_min_auto(floor);
-        store_timeout(&self.shared_timeout, self.timeout.current());
+        let mut core = self.shared.lock();
+        core.timeout.set_min_auto(floor);
+        store_timeout(&core.shared_timeout, core.timeout.current());
     }
 
-    /// Samples per task: one when samples are slow enough to be worth a
-    /// task each, a run of them when they are cheap.
+    /// Samples per task now (see [`run_length`]).
+    #[cfg(test)]
     pub(crate) fn run_length(&self) -> usize {
-        match self.fetch_times.percentile(0.5) {
-            Some(p50) if !p50.is_zero() => {
-                let run = self.run_target.as_nanos() / p50.as_nanos();
-                usize::try_from(run).unwrap_or(MAX_RUN).clamp(1, MAX_RUN)
-            }
-            Some(_) => MAX_RUN,
-            None => 1,
-        }
+        run_length(&self.shared.lock().fetch_times, self.run_target)
     }
 
     /// Queues one batch's samples; the batch delivered in its place has the
     /// same size, built from whichever samples are ready first.
     pub fn submit(&mut self, batch: Vec<P>) -> Result<(), EngineError> {
-        if self.workers.is_shut_down() {
+        let mut core = self.shared.lock();
+        if core.workers.is_shut_down() {
             return Err(EngineError::ShutDown);
         }
         if batch.len() > self.max_batch_size {
@@ -211,113 +245,136 @@ where
                 max: self.max_batch_size,
             });
         }
-        if !self.can_submit() {
+        if !(core.samples_in_flight() + self.max_batch_size <= self.bound
+            || core.assembler.starved())
+        {
             return Err(EngineError::Full);
         }
-        let run_length = self.run_length();
+        let run_length = run_length(&core.fetch_times, self.run_target);
         self.last_run_length = run_length;
-        self.assembler.planned(batch.len());
+        // Samples already waiting (made up for skipped ones) may fill it.
+        let check = core.assembler.ready_samples() > 0;
+        core.assembler.planned(batch.len());
         let mut samples = batch.into_iter().peekable();
         while samples.peek().is_some() {
             let run: Vec<P> = samples.by_ref().take(run_length).collect();
             let len = run.len();
-            self.workers.send(run, len)?;
+            core.workers.send(run, len)?;
+        }
+        drop(core);
+        if check {
+            self.assembly.check();
         }
         Ok(())
     }
 
-    /// The next batch, waiting at most `wait` for enough samples: the
-    /// consumer's request for it, counted in the occupancy signal.
-    pub fn recv(&mut self, wait: Duration) -> Result<Vec<S>, EngineError> {
+    /// The next batch, waiting at most `wait` for it: the consumer's
+    /// request for it, counted in the occupancy signal.
+    pub fn recv(&mut self, wait: Duration) -> Result<C::Batch, EngineError> {
         self.recv_asking(wait, Ask::New)
     }
 
     /// As `recv`, for the same request again after a wait ran out: counted
     /// once, or a long wait would count as many requests that found nothing.
-    pub fn recv_again(&mut self, wait: Duration) -> Result<Vec<S>, EngineError> {
+    pub fn recv_again(&mut self, wait: Duration) -> Result<C::Batch, EngineError> {
         self.recv_asking(wait, Ask::Again)
     }
 
-    fn recv_asking(&mut self, wait: Duration, ask: Ask) -> Result<Vec<S>, EngineError> {
-        if self.workers.is_shut_down() {
-            return Err(EngineError::ShutDown);
-        }
-        self.bound = self.workers.scaled(self.max_samples_in_flight);
-        let ready =
-            self.assembler.ready_samples() + self.workers.results_waiting() * self.last_run_length;
-        let _waiting = self.workers.consumer_asks(ask, ready, self.bound);
+    fn recv_asking(&mut self, wait: Duration, ask: Ask) -> Result<C::Batch, EngineError> {
+        let deadline = Instant::now() + wait;
+        let _waiting = {
+            let core = self.shared.lock();
+            if core.workers.is_shut_down() {
+                return Err(EngineError::ShutDown);
+            }
+            self.bound = core.workers.scaled(self.max_samples_in_flight);
+            let ready = core.assembler.ready_samples()
+                + core.handed_samples
+                + core.workers.results_waiting() * self.last_run_length;
+            core.workers.consumer_asks(ask, ready, self.bound)
+        };
         loop {
-            if let Some(err) = &self.broken {
-                return Err(err.clone());
-            }
-            if let Some(batch) = self.assembler.pop_batch() {
-                self.workers.consumer_received();
-                return Ok(batch);
-            }
-            if self.assembler.pending_batches() == 0 {
-                return Err(EngineError::Idle);
-            }
-            if self.assembler.starved() {
-                return Err(EngineError::Starved);
-            }
-            let done = self.workers.recv(wait)?;
-            self.accept(done);
-        }
-    }
-
-    fn accept(&mut self, done: Done<Vec<Sample<S>>>) {
-        if done.epoch != self.workers.epoch() {
-            return;
-        }
-        match done.finished {
-            Finished::Ran(Outcome::Value(samples)) if samples.len() == done.samples => {
-                let per_sample = done.elapsed / done.samples.max(1) as u32;
-                self.fetch_times.record(per_sample);
-                self.timeout.record(per_sample, done.samples, done.slow);
-                store_timeout(&self.shared_timeout, self.timeout.current());
-                if done.slow {
-                    self.slow_samples += done.samples as u64;
+            let output = match self.output.try_recv() {
+                Ok(output) => output,
+                Err(TryRecvError::Disconnected) => return Err(EngineError::WorkersGone),
+                Err(TryRecvError::Empty) => {
+                    if let Some(err) = self.shared.lock().no_batch_coming() {
+                        return Err(err);
+                    }
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match self.output.recv_timeout(left) {
+                        Ok(output) => output,
+                        Err(RecvTimeoutError::Timeout) => return Err(EngineError::WaitElapsed),
+                        Err(RecvTimeoutError::Disconnected) => {
+                            return Err(EngineError::WorkersGone)
+                        }
+                    }
                 }
-                self.assembler.finished(samples, done.slow);
-            }
-            Finished::Ran(_) | Finished::Cancelled => {
-                self.broken = Some(EngineError::WorkerPanicked {
-                    worker: done.worker,
-                    message: "a sample task returned the wrong number of samples".to_owned(),
-                });
-            }
-            Finished::Panicked(message) => {
-                self.broken = Some(EngineError::WorkerPanicked {
-                    worker: done.worker,
-                    message,
-                });
+            };
+            if let Output::Batch {
+                epoch,
+                samples,
+                batch,
+            } = output
+            {
+                let mut core = self.shared.lock();
+                if epoch == core.workers.epoch() {
+                    core.delivered(samples);
+                    return Ok(batch);
+                }
+                // A batch of an epoch that has ended: dropped.
             }
         }
     }
 }
 
-impl<P, S, W> Lifecycle for SampleEngine<P, S, W>
+/// Samples per task for `fetch_times`: one when samples are slow enough to
+/// be worth a task each, a run of them when they are cheap.
+fn run_length(fetch_times: &FetchTimes, run_target: Duration) -> usize {
+    match fetch_times.percentile(0.5) {
+        Some(p50) if !p50.is_zero() => {
+            let run = run_target.as_nanos() / p50.as_nanos();
+            usize::try_from(run).unwrap_or(MAX_RUN).clamp(1, MAX_RUN)
+        }
+        Some(_) => MAX_RUN,
+        None => 1,
+    }
+}
+
+impl<P, S, W, C> Lifecycle for SampleEngine<P, S, W, C>
 where
     W: WorkerHooks<Payload = Vec<P>, Output = Vec<Sample<S>>>,
+    C: Collate<S>,
 {
     fn new_epoch(&mut self) -> Result<(), EngineError> {
-        self.workers.end_epoch()?;
-        self.assembler.clear();
+        let mut core = self.shared.lock();
+        let deadline = core.workers.begin_epoch_end()?;
+        // The assembly thread receives the running tasks' results.
+        core = self.shared.wait_all_received(core, deadline);
+        core.workers.finish_epoch_end();
+        core.clear_epoch();
+        drop(core);
+        // Batches of the old epoch already collated; any still being
+        // collated are dropped when they arrive.
+        while self.output.try_recv().is_ok() {}
         Ok(())
     }
 
     fn shutdown(&mut self, grace: Duration) -> usize {
-        self.workers.shutdown(grace)
+        let left = self.shared.lock().workers.shutdown(grace);
+        left + self.assembly.stop(grace)
     }
 
     fn shutdown_with_default_grace(&mut self) -> usize {
-        self.workers.shutdown_with_default_grace()
+        let grace = self.shared.lock().workers.shutdown_grace();
+        self.shutdown(grace)
     }
 }
 
-impl<P, S, W> Drop for SampleEngine<P, S, W>
+impl<P, S, W, C> Drop for SampleEngine<P, S, W, C>
 where
     W: WorkerHooks<Payload = Vec<P>, Output = Vec<Sample<S>>>,
+    C: Collate<S>,
 {
     fn drop(&mut self) {
         self.shutdown_with_default_grace();

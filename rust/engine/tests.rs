@@ -463,6 +463,98 @@ fn a_worker_past_the_timeout_gets_a_replacement_which_retires_after() {
     assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
 }
 
+// ---- collation: off the consumer's thread, ahead of its asking ----
+
+/// Tags each batch with the thread that collated it, and counts batches.
+struct ThreadTagging {
+    collated: Arc<AtomicUsize>,
+    panic_on: Option<u64>,
+}
+
+impl Collate<u64> for ThreadTagging {
+    type Batch = (thread::ThreadId, Vec<u64>);
+
+    fn collate(&self, samples: Vec<u64>) -> Self::Batch {
+        if self.panic_on.is_some_and(|value| samples.contains(&value)) {
+            panic!("collate refused {samples:?}");
+        }
+        self.collated.fetch_add(1, AtomicOrdering::SeqCst);
+        (thread::current().id(), samples)
+    }
+}
+
+type Collating = SampleEngine<(u64, u64), u64, SampleHooks, ThreadTagging>;
+
+fn start_collating(panic_on: Option<u64>) -> (Collating, Arc<AtomicUsize>) {
+    let collated = Arc::new(AtomicUsize::new(0));
+    let config = SampleEngineConfig {
+        num_workers: 2,
+        max_samples_in_flight: 32,
+        max_batch_size: 8,
+        sample_timeout: SampleTimeout::Off,
+        max_slow_in_flight: 0,
+        shutdown_grace: Duration::from_secs(10),
+        adaptive: None,
+        drop_last: false,
+    };
+    let hooks = SampleHooks {
+        inside: Arc::new(AtomicUsize::new(0)),
+    };
+    let collate = ThreadTagging {
+        collated: collated.clone(),
+        panic_on,
+    };
+    (
+        Collating::start_collating(config, hooks, collate).unwrap(),
+        collated,
+    )
+}
+
+#[test]
+fn batches_are_collated_off_the_consumers_thread_before_it_asks() {
+    let (mut engine, collated) = start_collating(None);
+    engine.submit((0..4).map(|v| (v, 0)).collect()).unwrap();
+    engine.submit((4..8).map(|v| (v, 0)).collect()).unwrap();
+    // Nobody asks: both batches are collated all the same, ready to take.
+    assert!(eventually(|| collated.load(AtomicOrdering::SeqCst) == 2));
+    assert_eq!(engine.pending(), 2);
+    let mut values = Vec::new();
+    for _ in 0..2 {
+        let (thread, batch) = engine.recv(Duration::ZERO).unwrap();
+        assert_ne!(thread, thread::current().id());
+        values.extend(batch);
+    }
+    values.sort_unstable();
+    assert_eq!(values, (0..8).collect::<Vec<_>>());
+    assert_eq!(engine.recv(WAIT), Err(EngineError::Idle));
+}
+
+#[test]
+fn a_new_epoch_drops_the_old_epochs_collated_batches() {
+    let (mut engine, collated) = start_collating(None);
+    engine.submit((0..4).map(|v| (v, 0)).collect()).unwrap();
+    assert!(eventually(|| collated.load(AtomicOrdering::SeqCst) == 1));
+    engine.new_epoch().unwrap();
+    assert_eq!(engine.pending(), 0);
+    assert_eq!(engine.recv(WAIT), Err(EngineError::Idle));
+    engine.submit((10..14).map(|v| (v, 0)).collect()).unwrap();
+    let (_, mut batch) = engine.recv(WAIT).unwrap();
+    batch.sort_unstable();
+    assert_eq!(batch, vec![10, 11, 12, 13]);
+}
+
+#[test]
+fn a_panicking_collator_breaks_the_engine_with_its_message() {
+    let (mut engine, _) = start_collating(Some(2));
+    engine.submit((0..4).map(|v| (v, 0)).collect()).unwrap();
+    match engine.recv(WAIT) {
+        Err(EngineError::CollatorPanicked(message)) => {
+            assert!(message.contains("collate refused"), "{message}")
+        }
+        other => panic!("unexpected {:?}", other.map(|(_, batch)| batch)),
+    }
+}
+
 // ---- pauses: a wait to take the GIL is not slowness ----
 
 /// [`SampleHooks`] whose every task first waits `wait` (standing for a wait

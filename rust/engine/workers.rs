@@ -188,9 +188,25 @@ impl<W: WorkerHooks> Workers<W> {
             RecvTimeoutError::Timeout => EngineError::WaitElapsed,
             RecvTimeoutError::Disconnected => EngineError::WorkersGone,
         })?;
-        self.unreceived -= 1;
-        self.dispatcher.received(done.worker);
+        self.received(done.worker);
         Ok(done)
+    }
+
+    /// The result queue, for a thread that receives on the consumer's
+    /// behalf; it reports each task it receives with [`Self::received`].
+    pub fn results(&self) -> Receiver<Done<W::Output>> {
+        self.results.clone()
+    }
+
+    /// A task of `worker` was taken off the result queue.
+    pub fn received(&mut self, worker: usize) {
+        self.unreceived -= 1;
+        self.dispatcher.received(worker);
+    }
+
+    /// Tasks sent whose result has not been received yet, any epoch.
+    pub fn unreceived(&self) -> usize {
+        self.unreceived
     }
 
     /// Whether a task sent now would find a worker (see [`Dispatcher::can_send`]).
@@ -210,6 +226,31 @@ impl<W: WorkerHooks> Workers<W> {
     /// next epoch starts at once. Workers that own their queues (an iterable
     /// dataset's streams) are waited for: each next task is theirs.
     pub fn end_epoch(&mut self) -> Result<(), EngineError> {
+        let deadline = self.begin_epoch_end()?;
+        while self.unreceived > 0 {
+            let received = match deadline {
+                Some(deadline) => self.results.recv_deadline(deadline),
+                None => self
+                    .results
+                    .recv()
+                    .map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match received {
+                Ok(_) => self.unreceived -= 1,
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => return Err(EngineError::WorkersGone),
+            }
+        }
+        self.finish_epoch_end();
+        Ok(())
+    }
+
+    /// [`Self::end_epoch`]'s first half, for an engine whose results another
+    /// thread receives: the epoch moves on and its queued tasks are dropped.
+    /// The caller then waits, until the returned deadline if there is one,
+    /// for [`Self::unreceived`] to reach zero, and calls
+    /// [`Self::finish_epoch_end`].
+    pub fn begin_epoch_end(&mut self) -> Result<Option<Instant>, EngineError> {
         if self.shut_down {
             return Err(EngineError::ShutDown);
         }
@@ -217,26 +258,19 @@ impl<W: WorkerHooks> Workers<W> {
         self.steps.new_epoch();
         if self.pool.resizable() {
             self.unreceived -= self.pool.drain_queued();
-            let deadline = Instant::now() + END_EPOCH_WAIT;
-            while self.unreceived > 0 {
-                match self.results.recv_deadline(deadline) {
-                    Ok(_) => self.unreceived -= 1,
-                    Err(RecvTimeoutError::Timeout) => break,
-                    Err(RecvTimeoutError::Disconnected) => return Err(EngineError::WorkersGone),
-                }
-            }
-            if self.unreceived > 0 {
-                // Their results arrive later and are dropped as stale.
-                self.pool.orphan_running();
-            }
+            Ok(Some(Instant::now() + END_EPOCH_WAIT))
         } else {
-            while self.unreceived > 0 {
-                self.results.recv().map_err(|_| EngineError::WorkersGone)?;
-                self.unreceived -= 1;
-            }
+            Ok(None)
+        }
+    }
+
+    /// [`Self::end_epoch`]'s second half: tasks still running get replacements.
+    pub fn finish_epoch_end(&mut self) {
+        if self.unreceived > 0 && self.pool.resizable() {
+            // Their results arrive later and are dropped as stale.
+            self.pool.orphan_running();
         }
         self.dispatcher.reset();
-        Ok(())
     }
 
     /// Stops and joins the workers, waiting at most `grace` for one still
@@ -252,6 +286,11 @@ impl<W: WorkerHooks> Workers<W> {
         self.monitor.stop();
         self.dispatcher.close();
         self.pool.shutdown(grace)
+    }
+
+    /// The grace `shutdown_with_default_grace` gives.
+    pub fn shutdown_grace(&self) -> Duration {
+        self.shutdown_grace
     }
 
     /// [`Self::shutdown`] with the configured grace.

@@ -1,0 +1,100 @@
+"""What turns loaded samples into the batch delivered, off the training
+loop's thread: collate, then pin.
+
+torch's DataLoader collates in its worker processes and pins in a pin-memory
+thread: the training loop's thread only takes finished batches. minato does
+the same with threads. A batch-level worker pins the batch it collated
+(`pinning`); the sample-level engine collates each batch it assembled on its
+own collate thread and pins it there (`sample_collator`). That thread has
+random generators of its own, as a torch worker process would, so a
+``collate_fn`` that draws random numbers (MixUp, CutMix) neither draws from
+nor disturbs the training loop's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from torch._utils import ExceptionWrapper
+from torch.utils.data._utils.pin_memory import pin_memory
+
+from minato._device import Failure
+from minato._thread_random import ThreadGenerator, bind_thread, thread_generators
+
+# The collate thread's generators are seeded as a worker with this id would
+# be: above any pool's size, so never a worker's seed.
+COLLATE_THREAD_SEED_ID = 1 << 20
+
+PIN_WHERE = "while pinning a batch in a DataLoader worker thread"
+
+
+def pinned(batch: Any, device: str | None) -> Any:
+    """`batch` in page-locked memory, as torch's pin-memory thread makes it."""
+    return pin_memory(batch, device)
+
+
+def pinning(run: Callable[[int, Any], Any], device: str | None) -> Callable[[int, Any], Any]:
+    """A batch-level worker's `run` (see minato._worker) that pins each batch
+    it delivers; an error pinning is delivered as the batch's error."""
+
+    def run_pinned(epoch: int, task: Any) -> Any:
+        output = run(epoch, task)
+        if not isinstance(output, tuple):
+            return output  # EXHAUSTED
+        tag, payload = output
+        if not isinstance(payload, tuple) or payload[1] is None:
+            return output  # an ExceptionWrapper, or every sample skipped
+        samples, batch, failures = payload
+        try:
+            batch = pinned(batch, device)
+        except Exception:
+            return tag, ExceptionWrapper(where=PIN_WHERE)
+        return tag, (samples, batch, failures)
+
+    return run_pinned
+
+
+def sample_collator(
+    collate_fn: Callable[[list[Any]], Any], *, pin: bool, device: str | None, base_seed: int
+) -> Callable[[list[tuple[int, Any]]], tuple[list[int], int, Any, BaseException | None]]:
+    """The sample engine's collate stage: ``[(tag, sample), ...]`` to ``(tags,
+    sample count, the batch or a Failure, the collate error or None)``. A
+    collate error is handed back for the consumer to name the samples' indices."""
+    local = threading.local()
+
+    def generator() -> ThreadGenerator:
+        own = getattr(local, "generator", None)
+        if own is None:
+            # First call on this thread: the generators a worker process would have.
+            from minato._worker import _thread_rng
+
+            rng = _thread_rng(base_seed, COLLATE_THREAD_SEED_ID)
+            bind_thread(
+                thread_generators(
+                    base_seed, COLLATE_THREAD_SEED_ID, rng.torch_generator, rng.random_generator
+                )
+            )
+            own = local.generator = ThreadGenerator(rng.torch_generator)
+        return own
+
+    def collate(data: list[tuple[int, Any]]) -> tuple[list[int], int, Any, BaseException | None]:
+        tags = [tag for tag, _ in data]
+        samples = [sample for _, sample in data]
+        for sample in samples:
+            if isinstance(sample, ExceptionWrapper):
+                return tags, 0, Failure(sample), None
+        try:
+            with generator():
+                batch = collate_fn(samples)
+        except Exception as error:
+            return tags, 0, None, error
+        if pin:
+            try:
+                batch = pinned(batch, device)
+            except Exception:
+                return tags, 0, Failure(ExceptionWrapper(where=PIN_WHERE)), None
+        return tags, len(samples), batch, None
+
+    return collate

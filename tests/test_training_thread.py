@@ -1,0 +1,95 @@
+"""The training loop's thread only takes finished batches: collate and
+pin_memory run elsewhere, as in torch's DataLoader (worker processes collate,
+a pin-memory thread pins), and a collate_fn's random draws stay off the
+training loop's generators."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import numpy as np
+import pytest
+import torch
+from helpers import RangeDataset
+from torch.utils.data import default_collate
+
+import minato
+from minato import _collate_stage
+
+pytestmark = pytest.mark.usefixtures("no_leaked_threads")
+
+
+def recording_collate(threads: list[int]):
+    def collate(samples):
+        threads.append(threading.get_ident())
+        return default_collate(samples)
+
+    return collate
+
+
+@pytest.mark.parametrize("shuffle", [True, False], ids=["sample-level", "batch-level"])
+def test_collate_runs_off_the_consumers_thread(shuffle: bool) -> None:
+    threads: list[int] = []
+    loader = minato.DataLoader(
+        RangeDataset(64),
+        batch_size=4,
+        shuffle=shuffle,
+        num_workers=2,
+        collate_fn=recording_collate(threads),
+    )
+    values = sorted(int(v) for batch in loader for v in batch)
+    assert values == list(range(64))
+    assert len(threads) == 16
+    assert threading.get_ident() not in threads
+
+
+@pytest.mark.parametrize("shuffle", [True, False], ids=["sample-level", "batch-level"])
+def test_pin_memory_runs_off_the_consumers_thread(monkeypatch, shuffle: bool) -> None:
+    pinned_on: list[int] = []
+
+    def pinned(batch, device):
+        pinned_on.append(threading.get_ident())
+        return batch
+
+    # Pinning needs an accelerator: stand one in, and record where pinning runs.
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: None)
+    monkeypatch.setattr(_collate_stage, "pinned", pinned)
+    loader = minato.DataLoader(
+        RangeDataset(32),
+        batch_size=4,
+        shuffle=shuffle,
+        num_workers=2,
+        pin_memory=True,
+        collate_fn=recording_collate([]),
+    )
+    assert sum(len(batch) for batch in loader) == 32
+    assert len(pinned_on) == 8
+    assert threading.get_ident() not in pinned_on
+
+
+def drawing_collate(samples):
+    # A MixUp-like collate_fn: draws from every process-wide generator.
+    torch.rand(1)
+    random.random()
+    np.random.rand()
+    return default_collate(samples)
+
+
+def generators_after_an_epoch(collate_fn) -> tuple:
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    loader = minato.DataLoader(
+        RangeDataset(32), batch_size=4, shuffle=True, num_workers=2, collate_fn=collate_fn
+    )
+    for _ in loader:
+        pass
+    return torch.rand(1).item(), random.random(), np.random.rand()
+
+
+def test_a_collate_fns_random_draws_leave_the_training_loops_generators_alone() -> None:
+    # In torch, collate_fn runs in a worker process with generators of its
+    # own; the training loop's generators are where they would be without it.
+    assert generators_after_an_epoch(drawing_collate) == generators_after_an_epoch(default_collate)
