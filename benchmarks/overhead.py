@@ -4,7 +4,10 @@ A trivial dataset (``__getitem__`` returns its index) leaves nothing but the
 loader's own cost. Every system runs in this one process, one after another,
 and the figures that matter are the ratios.
 
-    python benchmarks/overhead.py [--samples 200000] [--repeats 3]
+    python benchmarks/overhead.py [--samples 200000] [--repeats 3] [--shuffle]
+
+``--shuffle`` measures shuffled epochs: minato's sample-level batches
+(assembled and collated on its collate thread) instead of whole batches.
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ class IndexDataset(tud.Dataset):
         return index
 
 
-def throughput(cls: type, num_workers: int, samples: int) -> float:
+def throughput(cls: type, num_workers: int, samples: int, shuffle: bool = False) -> float:
     """Samples per second over one full epoch."""
-    loader = cls(IndexDataset(samples), batch_size=BATCH_SIZE, num_workers=num_workers)
+    loader = cls(
+        IndexDataset(samples), batch_size=BATCH_SIZE, num_workers=num_workers, shuffle=shuffle
+    )
     start = time.perf_counter()
     seen = 0
     for batch in loader:
@@ -47,9 +52,11 @@ def throughput(cls: type, num_workers: int, samples: int) -> float:
     return samples / elapsed
 
 
-def first_batch_seconds(cls: type, num_workers: int) -> float:
+def first_batch_seconds(cls: type, num_workers: int, shuffle: bool = False) -> float:
     """From iter() to the first batch in hand, workers' start included."""
-    loader = cls(IndexDataset(100_000), batch_size=BATCH_SIZE, num_workers=num_workers)
+    loader = cls(
+        IndexDataset(100_000), batch_size=BATCH_SIZE, num_workers=num_workers, shuffle=shuffle
+    )
     start = time.perf_counter()
     iterator = iter(loader)
     next(iterator)
@@ -63,13 +70,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=3, help="median of this many runs")
+    parser.add_argument("--shuffle", action="store_true", help="shuffled epochs")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message="This DataLoader will create")
 
     print(
         f"# overhead: {args.samples} samples, batch_size {BATCH_SIZE}, median of "
         f"{args.repeats}; torch {torch.__version__}, Python {platform.python_version()}, "
-        f"{torch.multiprocessing.get_start_method()} start"
+        f"{torch.multiprocessing.get_start_method()} start" + (", shuffled" if args.shuffle else "")
     )
     systems = [
         ("torch  num_workers=0", tud.DataLoader, 0),
@@ -81,7 +89,7 @@ def main() -> None:
     print("\nthroughput (samples/s)")
     for name, cls, workers in systems:
         rates[name] = statistics.median(
-            throughput(cls, workers, args.samples) for _ in range(args.repeats)
+            throughput(cls, workers, args.samples, args.shuffle) for _ in range(args.repeats)
         )
         print(f"  {name}: {rates[name]:>12,.0f}")
     ratio = rates["minato num_workers=2"] / rates["torch  num_workers=2"]
@@ -90,10 +98,11 @@ def main() -> None:
     print("\ntime to first batch (ms)")
     for workers in (2, 8, 16):
         torch_s = statistics.median(
-            first_batch_seconds(tud.DataLoader, workers) for _ in range(args.repeats)
+            first_batch_seconds(tud.DataLoader, workers, args.shuffle) for _ in range(args.repeats)
         )
         minato_s = statistics.median(
-            first_batch_seconds(minato.DataLoader, workers) for _ in range(args.repeats)
+            first_batch_seconds(minato.DataLoader, workers, args.shuffle)
+            for _ in range(args.repeats)
         )
         print(
             f"  {workers:>2} workers: torch {torch_s * 1e3:7.1f}   minato {minato_s * 1e3:6.1f}"

@@ -95,4 +95,5 @@ def fast_default_collate(pin: bool) -> Callable[[list[Any]], Any]:
         return _collate.collate(batch, collate_fn_map=collate_fn_map)
 
     collate.__doc__ = fast_default_collate.__doc__
+    collate.draws_no_random = True  # type: ignore[attr-defined]
     return collate

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torch._utils import ExceptionWrapper
+from torch.utils.data._utils.collate import default_collate
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from minato._device import Failure
@@ -79,6 +80,11 @@ def sample_collator(
             own = local.generator = ThreadGenerator(rng.torch_generator)
         return own
 
+    # torch's default_collate and minato's draw no random numbers: they are
+    # spared the generator mode's cost on every torch call (10-30 % of a
+    # trivial dataset's shuffled epoch, benchmarks/overhead.py --shuffle).
+    draws_no_random = collate_fn is default_collate or getattr(collate_fn, "draws_no_random", False)
+
     def collate(data: list[tuple[int, Any]]) -> tuple[list[int], int, Any, BaseException | None]:
         tags = [tag for tag, _ in data]
         samples = [sample for _, sample in data]
@@ -86,8 +92,11 @@ def sample_collator(
             if isinstance(sample, ExceptionWrapper):
                 return tags, 0, Failure(sample), None
         try:
-            with generator():
+            if draws_no_random:
                 batch = collate_fn(samples)
+            else:
+                with generator():
+                    batch = collate_fn(samples)
         except Exception as error:
             return tags, 0, None, error
         if pin:

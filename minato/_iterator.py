@@ -610,9 +610,10 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
     Workers load single samples (runs of them when samples are cheap); a
     batch of the sampler's next size is assembled from finished samples, fast
     ones first, and collated (and pinned) on the engine's collate thread
-    (minato._collate_stage): this thread only takes finished batches. A sample running past the per-sample
-    timeout is flagged slow: it finishes in the background, lands in a later
-    batch, and a replacement worker keeps the fast samples flowing.
+    (minato._collate_stage): this thread only takes finished batches. A
+    sample running past the per-sample timeout is flagged slow: it finishes
+    in the background, lands in a later batch, and a replacement worker
+    keeps the fast samples flowing.
     """
 
     def _start_engine(self, loader: DataLoader) -> Engine | SampleEngine:
