@@ -57,6 +57,12 @@ def pinning(run: Callable[[int, Any], Any], device: str | None) -> Callable[[int
     return run_pinned
 
 
+def draws_no_random(collate_fn: Callable[[list[Any]], Any]) -> bool:
+    """Whether `collate_fn` is known to draw no random numbers: torch's
+    default_collate and minato's."""
+    return collate_fn is default_collate or getattr(collate_fn, "draws_no_random", False)
+
+
 def sample_collator(
     collate_fn: Callable[[list[Any]], Any], *, pin: bool, device: str | None, base_seed: int
 ) -> Callable[[list[tuple[int, Any]]], tuple[list[int], int, Any, BaseException | None]]:
@@ -83,7 +89,7 @@ def sample_collator(
     # torch's default_collate and minato's draw no random numbers: they are
     # spared the generator mode's cost on every torch call (10-30 % of a
     # trivial dataset's shuffled epoch, benchmarks/overhead.py --shuffle).
-    draws_no_random = collate_fn is default_collate or getattr(collate_fn, "draws_no_random", False)
+    no_random = draws_no_random(collate_fn)
 
     def collate(data: list[tuple[int, Any]]) -> tuple[list[int], int, Any, BaseException | None]:
         tags = [tag for tag, _ in data]
@@ -92,7 +98,7 @@ def sample_collator(
             if isinstance(sample, ExceptionWrapper):
                 return tags, 0, Failure(sample), None
         try:
-            if draws_no_random:
+            if no_random:
                 batch = collate_fn(samples)
             else:
                 with generator():

@@ -18,7 +18,7 @@ from torch.utils.data.dataloader import (
 )
 
 from minato._collate import fast_default_collate
-from minato._collate_stage import sample_collator
+from minato._collate_stage import draws_no_random, sample_collator
 from minato._device import DeviceStage, Failure, HostBatch
 from minato._failures import (
     SampleFailure,
@@ -628,6 +628,9 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
                 device=self._pin_memory_device or None,
                 base_seed=int(self._base_seed),
             ),
+            # A cheap batch of torch's default_collate may be collated here:
+            # the collate thread's GIL hand-over would cost this thread more.
+            collate_deferrable=not self._pin_memory and draws_no_random(self._collate_fn),
             skipped_type=Skipped,
             drop_last=self._drop_last,
             num_workers=self._starting_workers(loader),

@@ -57,6 +57,7 @@ class SampleEngine:
         make_worker: Callable[[int], Callable[[int, list[Any]], list[Any]]],
         collate: Callable[[list[Any]], Any],
         *,
+        collate_deferrable: bool,
         skipped_type: type,
         num_workers: int,
         max_samples_in_flight: int,

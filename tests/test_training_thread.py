@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -93,3 +94,45 @@ def test_a_collate_fns_random_draws_leave_the_training_loops_generators_alone() 
     # In torch, collate_fn runs in a worker process with generators of its
     # own; the training loop's generators are where they would be without it.
     assert generators_after_an_epoch(drawing_collate) == generators_after_an_epoch(default_collate)
+
+
+def marked_no_random(collate_fn):
+    collate_fn.draws_no_random = True  # as torch's default_collate is known to
+    return collate_fn
+
+
+def test_a_cheap_default_collate_is_left_to_the_waiting_consumer() -> None:
+    # Handing a batch of 64 integers to the collate thread costs more (a GIL
+    # hand-over) than collating it: the consumer collates it itself.
+    threads: list[int] = []
+    loader = minato.DataLoader(
+        RangeDataset(4096),
+        batch_size=64,
+        shuffle=True,
+        num_workers=2,
+        collate_fn=marked_no_random(recording_collate(threads)),
+    )
+    assert sorted(int(v) for batch in loader for v in batch) == list(range(4096))
+    assert threading.get_ident() in threads
+
+
+def test_a_costly_collate_stays_off_the_consumers_thread() -> None:
+    threads: list[int] = []
+    record = recording_collate(threads)
+
+    def costly(samples):
+        busy_until = time.perf_counter() + 0.001  # CPU time, as a real collate's
+        while time.perf_counter() < busy_until:
+            pass
+        return record(samples)
+
+    loader = minato.DataLoader(
+        RangeDataset(512),
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        collate_fn=marked_no_random(costly),
+    )
+    assert sorted(int(v) for batch in loader for v in batch) == list(range(512))
+    assert len(threads) == 64
+    assert threading.get_ident() not in threads

@@ -1,4 +1,11 @@
-//! The sample engine's collate thread calling into Python.
+//! The sample engine's collate thread calling into Python, and the one case
+//! left to the consumer: a cheap collate that draws no random numbers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+#[cfg(not(unix))]
+use std::time::Instant;
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -6,15 +13,114 @@ use pyo3::types::PyList;
 use crate::engine::Collate;
 use crate::thread_exit::hang_on_thread_exit;
 
+/// Below this much CPU time per batch, collating on the collate thread
+/// costs the loop more than it saves: the hand-over (the collate thread
+/// taking the GIL, the consumer taking it back) costs about 70 us of the
+/// consumer's time on a 2-core machine (benchmarks/overhead.py --shuffle,
+/// 64 integers a batch: 0.7x the samples/s), and a default_collate of such
+/// a batch takes 20-100 us there. An image batch takes milliseconds.
+const CHEAP_COLLATE: Duration = Duration::from_micros(150);
+/// Every this many cheap batches, one is still collated on the collate
+/// thread: the cost is measured afresh there, where it would run.
+const REMEASURE_EVERY: u64 = 16;
+
+type Samples = Vec<PyResult<Py<PyAny>>>;
+
+/// What the collate thread hands the consumer.
+pub(crate) enum PyBatch {
+    /// Collated (and pinned): the batch, or the error of the first sample
+    /// whose runner failed, or the collate stage's own result.
+    Collated(PyResult<Py<PyAny>>),
+    /// Cheap to collate: left for the consumer, who holds the GIL anyway.
+    Deferred(Samples),
+}
+
+/// The collate stage's measured cost, shared by the collate thread and the
+/// consumer.
+#[derive(Clone, Default)]
+pub(crate) struct CollateCost {
+    /// Exponential mean of the nanoseconds a batch's collate took; 0 until
+    /// one is measured.
+    mean_nanos: Arc<AtomicU64>,
+    batches: Arc<AtomicU64>,
+}
+
+impl CollateCost {
+    fn record(&self, took: Duration) {
+        let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let mean = self.mean_nanos.load(Ordering::Relaxed);
+        let updated = if mean == 0 {
+            took
+        } else {
+            (mean * 7 + took) / 8
+        };
+        self.mean_nanos.store(updated, Ordering::Relaxed);
+    }
+
+    /// Whether the next batch is left to the consumer.
+    fn defer_next(&self) -> bool {
+        let mean = self.mean_nanos.load(Ordering::Relaxed);
+        let batch = self.batches.fetch_add(1, Ordering::Relaxed);
+        mean != 0 && Duration::from_nanos(mean) < CHEAP_COLLATE && batch % REMEASURE_EVERY != 0
+    }
+}
+
 /// Calls `collate(samples)` (the iterator's collate stage: the user's
 /// `collate_fn`, then pinning) on the engine's collate thread.
 pub(crate) struct PythonCollate {
     pub collate: Py<PyAny>,
+    /// Whether a cheap batch may be left to the consumer: only for a
+    /// collate that draws no random numbers and pins nothing (the
+    /// thread's own generators and pinning stay off the loop's thread).
+    pub deferrable: bool,
+    pub cost: CollateCost,
+}
+
+impl PythonCollate {
+    /// Runs the collate stage on the calling thread, the GIL held.
+    pub fn collate_now(
+        collate: &Py<PyAny>,
+        cost: &CollateCost,
+        py: Python<'_>,
+        samples: Samples,
+    ) -> PyResult<Py<PyAny>> {
+        let samples: Vec<Py<PyAny>> = samples.into_iter().collect::<PyResult<_>>()?;
+        let began = thread_cpu_time();
+        let batch = collate.call1(py, (PyList::new(py, samples)?,));
+        cost.record(thread_cpu_time().saturating_sub(began));
+        batch
+    }
+}
+
+/// CPU time of the calling thread: a collate's own work, without the time
+/// it waited for the GIL (which the worker threads hold often).
+#[cfg(unix)]
+fn thread_cpu_time() -> Duration {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid, writable timespec for the call's duration,
+    // and CLOCK_THREAD_CPUTIME_ID is supported by every unix minato targets.
+    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    if status != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(
+        u64::try_from(now.tv_sec).unwrap_or(0),
+        u32::try_from(now.tv_nsec).unwrap_or(0),
+    )
+}
+
+#[cfg(not(unix))]
+fn thread_cpu_time() -> Duration {
+    use std::sync::OnceLock;
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed()
 }
 
 impl Collate<PyResult<Py<PyAny>>> for PythonCollate {
-    /// The collated batch, or the error of the first sample whose runner failed.
-    type Batch = PyResult<Py<PyAny>>;
+    type Batch = PyBatch;
 
     /// Attached once for the thread's life, as a worker thread is (see
     /// `worker::attach_for_thread_life`): the GIL is held only in `collate`.
@@ -22,10 +128,12 @@ impl Collate<PyResult<Py<PyAny>>> for PythonCollate {
         hang_on_thread_exit(|| Python::attach(|py| py.detach(body)));
     }
 
-    fn collate(&self, samples: Vec<PyResult<Py<PyAny>>>) -> Self::Batch {
-        Python::attach(|py| {
-            let samples: Vec<Py<PyAny>> = samples.into_iter().collect::<PyResult<_>>()?;
-            self.collate.call1(py, (PyList::new(py, samples)?,))
-        })
+    fn collate(&self, samples: Samples) -> PyBatch {
+        if self.deferrable && self.cost.defer_next() {
+            return PyBatch::Deferred(samples);
+        }
+        PyBatch::Collated(Python::attach(|py| {
+            Self::collate_now(&self.collate, &self.cost, py, samples)
+        }))
     }
 }

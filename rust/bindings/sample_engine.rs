@@ -9,7 +9,7 @@ use pyo3::types::{PyDict, PyList};
 use super::detach;
 use super::errors::LoaderError;
 use super::locked::Locked;
-use super::sample_collate::PythonCollate;
+use super::sample_collate::{CollateCost, PyBatch, PythonCollate};
 use super::stats::{self, GilWait};
 use super::worker::PythonSampleWorker;
 use crate::engine::{SampleEngine, SampleEngineConfig, SampleTimeout};
@@ -23,17 +23,21 @@ type Engine = SampleEngine<Py<PyAny>, PyResult<Py<PyAny>>, PythonSampleWorker, P
 pub(crate) struct PySampleEngine {
     engine: Locked<Engine>,
     gil_wait: GilWait,
+    /// The collate stage, for the batches left to the consumer.
+    collate: Py<PyAny>,
+    collate_cost: CollateCost,
 }
 
 #[pymethods]
 impl PySampleEngine {
     #[new]
     #[allow(clippy::too_many_arguments)] // one per keyword argument
-    #[pyo3(signature = (make_worker, collate, *, skipped_type, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace, max_workers=None, drop_last=false))]
+    #[pyo3(signature = (make_worker, collate, *, collate_deferrable, skipped_type, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace, max_workers=None, drop_last=false))]
     fn new(
         py: Python<'_>,
         make_worker: Py<PyAny>,
         collate: Py<PyAny>,
+        collate_deferrable: bool,
         skipped_type: Py<PyAny>,
         num_workers: usize,
         max_samples_in_flight: usize,
@@ -74,12 +78,19 @@ impl PySampleEngine {
             skipped_type,
             gil_wait: gil_wait.clone(),
         };
-        let collate = PythonCollate { collate };
-        let engine = detach(py, || Engine::start_collating(config, hooks, collate))
+        let collate_cost = CollateCost::default();
+        let stage = PythonCollate {
+            collate: collate.clone_ref(py),
+            deferrable: collate_deferrable,
+            cost: collate_cost.clone(),
+        };
+        let engine = detach(py, || Engine::start_collating(config, hooks, stage))
             .map_err(LoaderError::from)?;
         Ok(PySampleEngine {
             engine: Locked::new(engine),
             gil_wait,
+            collate,
+            collate_cost,
         })
     }
 
@@ -134,13 +145,19 @@ impl PySampleEngine {
     /// seconds when it is positive; StopIteration when nothing is pending.
     fn next(&self, py: Python<'_>, timeout: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         self.engine.deliver(py, || {
-            self.engine.wait_next(py, timeout, |engine, wait, new| {
+            let batch = self.engine.wait_next(py, timeout, |engine, wait, new| {
                 if new {
                     engine.recv(wait)
                 } else {
                     engine.recv_again(wait)
                 }
-            })?
+            })?;
+            match batch {
+                PyBatch::Collated(batch) => batch,
+                PyBatch::Deferred(samples) => {
+                    PythonCollate::collate_now(&self.collate, &self.collate_cost, py, samples)
+                }
+            }
         })
     }
 
