@@ -135,4 +135,7 @@ def test_a_costly_collate_stays_off_the_consumers_thread() -> None:
     )
     assert sorted(int(v) for batch in loader for v in batch) == list(range(512))
     assert len(threads) == 64
-    assert threading.get_ident() not in threads
+    # Until a batch's cost is known (the batches in flight then: the
+    # prefetch bound of 2 x 2, and one or two more that the first ones made
+    # room for), the waiting consumer collates; after that, never.
+    assert threads.count(threading.get_ident()) <= 8

@@ -57,11 +57,14 @@ impl CollateCost {
         self.mean_nanos.store(updated, Ordering::Relaxed);
     }
 
-    /// Whether the next batch is left to the consumer.
+    /// Whether the next batch is left to the consumer: while its cost is
+    /// unknown too, so that the first batch, which the consumer waits for
+    /// while the workers start (each taking the GIL), needs no hand-over.
     fn defer_next(&self) -> bool {
         let mean = self.mean_nanos.load(Ordering::Relaxed);
         let batch = self.batches.fetch_add(1, Ordering::Relaxed);
-        mean != 0 && Duration::from_nanos(mean) < CHEAP_COLLATE && batch % REMEASURE_EVERY != 0
+        (mean == 0 || Duration::from_nanos(mean) < CHEAP_COLLATE)
+            && (batch + 1) % REMEASURE_EVERY != 0
     }
 }
 
