@@ -8,7 +8,10 @@ the same with threads. A batch-level worker pins the batch it collated
 own collate thread and pins it there (`sample_collator`). That thread has
 random generators of its own, as a torch worker process would, so a
 ``collate_fn`` that draws random numbers (MixUp, CutMix) neither draws from
-nor disturbs the training loop's.
+nor disturbs the training loop's. A cheap batch of a collate that draws no
+random numbers (torch's ``default_collate``, unpinned) is the exception: the
+consumer collates it (rust/bindings/sample_collate.rs), a GIL hand-over to
+the collate thread costing more than the work.
 """
 
 from __future__ import annotations
