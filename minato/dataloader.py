@@ -126,7 +126,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     When batches are pinned (``pin_memory`` active, or ``device`` a GPU) and
     ``collate_fn`` is the default, tensors and numpy arrays of one shape and
     dtype are stacked straight into a page-locked batch tensor by Rust threads
-    with the GIL released; the result is ``default_collate``'s.
+    with the GIL released; the result is ``default_collate``'s. Batches are
+    collated and pinned off the training loop's thread: by the worker that
+    loaded a whole batch, or, for batches built from single samples, on the
+    loader's collate thread (which has random generators of its own); only
+    a batch that ``default_collate`` collates in microseconds is collated
+    by the consumer itself.
 
     ``stats()`` tells where the time goes; ``print(loader.stats())`` shows a table.
     ``state_dict()`` / ``load_state_dict()`` resume an interrupted epoch with
