@@ -25,7 +25,7 @@ from torch.utils.data._utils.collate import default_collate
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from minato._device import Failure
-from minato._thread_random import ThreadGenerator, bind_thread, thread_generators
+from minato._thread_random import ThreadGenerator
 
 # The collate thread's generators are seeded as a worker with this id would
 # be: above any pool's size, so never a worker's seed.
@@ -78,14 +78,9 @@ def sample_collator(
         own = getattr(local, "generator", None)
         if own is None:
             # First call on this thread: the generators a worker process would have.
-            from minato._worker import _thread_rng
+            from minato._worker import bind_thread_rng  # it imports this module
 
-            rng = _thread_rng(base_seed, COLLATE_THREAD_SEED_ID)
-            bind_thread(
-                thread_generators(
-                    base_seed, COLLATE_THREAD_SEED_ID, rng.torch_generator, rng.random_generator
-                )
-            )
+            rng = bind_thread_rng(base_seed, COLLATE_THREAD_SEED_ID)
             own = local.generator = ThreadGenerator(rng.torch_generator)
         return own
 

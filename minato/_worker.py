@@ -105,6 +105,15 @@ def _thread_rng(base_seed: int, worker_id: int) -> Any:
     return rng_type(**fields) if rng_type is not None else types.SimpleNamespace(**fields)
 
 
+def bind_thread_rng(base_seed: int, worker_id: int) -> Any:
+    """Makes the calling thread's process-wide generators those worker
+    `worker_id`'s process would have (see minato._thread_random); returns
+    them (torch's worker ``_RNG``)."""
+    rng = _thread_rng(base_seed, worker_id)
+    bind_thread(thread_generators(base_seed, worker_id, rng.torch_generator, rng.random_generator))
+    return rng
+
+
 def worker_factory(
     spec: WorkerSpec, *, samples: bool = False, processes: ProcessWorkers | None = None
 ) -> Callable[[int], Callable[[int, Any], Any]]:
@@ -148,11 +157,8 @@ def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[Any, Any]:
     seeded as torch seeds them; its torch generator is also
     thread_safe_generator(). Returns the dataset and the context that
     hands torch's random functions the thread's generator."""
-    rng = _thread_rng(spec.base_seed, worker_id)
     dataset = worker_dataset(spec.dataset)
-    bind_thread(
-        thread_generators(spec.base_seed, worker_id, rng.torch_generator, rng.random_generator)
-    )
+    rng = bind_thread_rng(spec.base_seed, worker_id)
     info = _torch_worker.WorkerInfo(
         id=worker_id,
         num_workers=spec.num_workers,

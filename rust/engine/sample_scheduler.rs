@@ -190,9 +190,13 @@ where
     /// left short.
     pub fn can_submit(&self) -> bool {
         let core = self.shared.lock();
-        !core.workers.is_shut_down()
-            && (core.samples_in_flight() + self.max_batch_size <= self.bound
-                || core.assembler.starved())
+        !core.workers.is_shut_down() && self.has_room(&core)
+    }
+
+    /// Whether a batch of `max_batch_size` fits under the bound, or is
+    /// needed to fill a batch skipped samples left short.
+    fn has_room(&self, core: &SampleCore<S, W>) -> bool {
+        core.samples_in_flight() + self.max_batch_size <= self.bound || core.assembler.starved()
     }
 
     /// The consumer has submitted the epoch's last batch: the samples
@@ -245,9 +249,7 @@ where
                 max: self.max_batch_size,
             });
         }
-        if !(core.samples_in_flight() + self.max_batch_size <= self.bound
-            || core.assembler.starved())
-        {
+        if !self.has_room(&core) {
             return Err(EngineError::Full);
         }
         let run_length = run_length(&core.fetch_times, self.run_target);
