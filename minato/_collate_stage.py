@@ -26,6 +26,7 @@ from torch.utils.data._utils.pin_memory import pin_memory
 
 from minato._device import Failure
 from minato._thread_random import ThreadGenerator
+from minato._torch_threads import limit_thread_intra_op
 
 # The collate thread's generators are seeded as a worker with this id would
 # be: above any pool's size, so never a worker's seed.
@@ -90,6 +91,11 @@ def sample_collator(
     no_random = draws_no_random(collate_fn)
 
     def collate(data: list[tuple[int, Any]]) -> tuple[list[int], int, Any, BaseException | None]:
+        if not getattr(local, "limited", False):
+            # One intra-op thread, as torch's workers (which collate) and its
+            # pin-memory thread have: not a team spinning beside the workers.
+            limit_thread_intra_op(1)
+            local.limited = True
         tags = [tag for tag, _ in data]
         samples = [sample for _, sample in data]
         for sample in samples:

@@ -32,6 +32,7 @@ from minato._failures import (
     split_failures,
 )
 from minato._thread_random import ThreadGenerator, bind_thread, thread_generators
+from minato._torch_threads import limit_thread_intra_op
 from minato._worker_dataset import worker_dataset
 from minato._worker_info import set_thread_worker_info
 
@@ -153,12 +154,13 @@ def worker_factory(
 
 def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[Any, Any]:
     """What a worker process would have of its own, for this thread: the
-    dataset (a copy that shares the data) and the process-wide generators,
-    seeded as torch seeds them; its torch generator is also
+    dataset (a copy that shares the data), one intra-op thread, and the
+    process-wide generators, seeded as torch seeds them; its torch generator is also
     thread_safe_generator(). Returns the dataset and the context that
     hands torch's random functions the thread's generator."""
     dataset = worker_dataset(spec.dataset)
     rng = bind_thread_rng(spec.base_seed, worker_id)
+    limit_thread_intra_op(1)
     info = _torch_worker.WorkerInfo(
         id=worker_id,
         num_workers=spec.num_workers,
