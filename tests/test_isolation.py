@@ -325,20 +325,39 @@ def test_a_stuck_stream_does_not_starve_the_others(loader_type: Any) -> None:
     assert sorted(items) == list(range(40)) + list(range(1000, 1004))
 
 
-def test_set_num_threads_in_a_worker_leaves_the_process_alone() -> None:
-    """A worker process's torch.set_num_threads(1) (torch's own, and many
-    worker_init_fn recipes) sets that process's threads; in a thread it
-    would set the training loop's."""
+class IntraOpThreads(tud.Dataset):
+    """Each sample: the intra-op thread count its worker sees."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        return torch.get_num_threads()
+
+
+@pytest.mark.parametrize("loader_type", [tud.DataLoader, minato.DataLoader])
+def test_a_worker_runs_torch_ops_on_one_intra_op_thread(loader_type: type) -> None:
+    """torch sets one intra-op thread in each worker process; a worker thread
+    has one of its own too, and the training loop keeps its count."""
+    before = torch.get_num_threads()
+    loaded = list(loader_type(IntraOpThreads(), batch_size=None, num_workers=2))
+    assert loaded == [1] * 8
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("loader_type", [tud.DataLoader, minato.DataLoader])
+def test_set_num_threads_in_a_worker_sets_that_worker_alone(loader_type: type) -> None:
+    """A worker_init_fn's torch.set_num_threads(n) (a common recipe) sets that
+    worker's count, as in a worker process; the training loop keeps its."""
     before = torch.get_num_threads()
 
     def init(worker_id: int) -> None:
-        torch.set_num_threads(1)
+        torch.set_num_threads(3)
 
-    _warn_once._warned.discard("torch.set_num_threads")  # as in a new process
-    with pytest.warns(UserWarning, match="set_num_threads"):
-        loaded = list(minato.DataLoader(list(range(8)), num_workers=2, worker_init_fn=init))
-    assert len(loaded) == 8
-    assert torch.get_num_threads() == before
-    # Outside workers it is torch's own.
-    torch.set_num_threads(before)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "ignored" warning either
+        loaded = list(
+            loader_type(IntraOpThreads(), batch_size=None, num_workers=2, worker_init_fn=init)
+        )
+    assert loaded == [3] * 8
     assert torch.get_num_threads() == before
