@@ -25,6 +25,7 @@ mod sequencer;
 mod stats;
 mod task;
 mod task_clock;
+mod thread_state;
 mod workers;
 
 pub use collate::{Collate, Uncollated};

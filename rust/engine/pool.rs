@@ -15,6 +15,7 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use super::error::EngineError;
 use super::task::{Done, Finished, Task};
 use super::task_clock::TaskClock;
+use super::thread_state::{available_cores, KernelThread};
 use super::Outcome;
 
 /// What a worker thread runs. The engine owns the threads; an implementation
@@ -67,6 +68,10 @@ struct Busy {
     clock: TaskClock,
     samples: usize,
     flagged_slow: bool,
+    /// Flagged slow and given a replacement (see `PoolState::replaced`).
+    replaced: bool,
+    /// Its worker's kernel thread, to tell computing from blocked.
+    thread: Option<KernelThread>,
     /// Its epoch ended while it ran: a replacement serves the next one.
     orphaned: bool,
 }
@@ -85,6 +90,14 @@ fn progress(running: Duration, task_time: Duration, samples: usize) -> f64 {
 /// pool at rest should cost nothing measurable, and a shrink only needs to
 /// take effect before the next epoch's work, not at once.
 const IDLE_CHECK: Duration = Duration::from_millis(500);
+/// A task flagged slow gets a replacement worker only once it has run this
+/// many timeouts: the automatic timeout flags about a quarter of all
+/// samples, and for work that merely varies (contention for the GIL or the
+/// cores spreads its times) a thread per flagged sample only adds to the
+/// contention — on 2 cores, 16 workers grew to 32 and ran at a tenth of
+/// their speed. Flagged samples are deferred past their batch all the same;
+/// a stuck one gets its replacement a few timeouts later.
+const REPLACE_AFTER_TIMEOUTS: u32 = 4;
 /// Most entries kept in the worker-count history (the oldest go first).
 const MAX_HISTORY: usize = 4096;
 
@@ -94,6 +107,12 @@ struct PoolState {
     live: usize,
     /// Of those, how many are running a task flagged slow.
     flagged: usize,
+    /// Of those, how many were given a replacement: all but the ones
+    /// computing while the pool has a worker per core (see
+    /// `crate::engine::thread_state`), which wait for one while they compute.
+    replaced: usize,
+    /// The cores this process may run on.
+    cores: usize,
     /// Of those, how many are still running a task of an ended epoch (and
     /// not flagged slow).
     orphaned: usize,
@@ -141,10 +160,10 @@ pub(crate) struct PoolShared {
 
 impl PoolState {
     /// Workers the pool should have: the target, plus a replacement for
-    /// each worker stuck on a slow task, up to `max_slow`, and for each
-    /// still running a task of an ended epoch.
+    /// each worker stuck on a slow task that was given one, up to
+    /// `max_slow`, and for each still running a task of an ended epoch.
     fn wanted(&self) -> usize {
-        self.target + self.flagged.min(self.max_slow) + self.orphaned
+        self.target + self.replaced.min(self.max_slow) + self.orphaned
     }
 
     /// Counts the calling worker out when the pool has more workers than it
@@ -219,6 +238,8 @@ impl<W: WorkerHooks> Pool<W> {
                 state: Mutex::new(PoolState {
                     live: 0,
                     flagged: 0,
+                    replaced: 0,
+                    cores: available_cores(),
                     orphaned: 0,
                     target,
                     max_slow: 0,
@@ -410,7 +431,8 @@ impl<W: WorkerHooks> Pool<W> {
         let mut state = self.shared.state();
         let mut orphaned = 0;
         for busy in state.busy.values_mut() {
-            if !busy.flagged_slow && !busy.orphaned {
+            // A slow task that got no replacement (it was computing) gets one now.
+            if !busy.replaced && !busy.orphaned {
                 busy.orphaned = true;
                 orphaned += 1;
             }
@@ -421,9 +443,13 @@ impl<W: WorkerHooks> Pool<W> {
 
     /// Flags every task that has run past `timeout` per sample, its pauses
     /// (see [`TaskClock`]) not counted, as slow, and starts a replacement
-    /// worker for each, up to `max_slow` of them, so that `target` workers
-    /// stay free for fast tasks. A flagged worker finishes its task and then
-    /// leaves if the pool is larger than it needs to be. Returns how many
+    /// worker for each that has run [`REPLACE_AFTER_TIMEOUTS`] times as
+    /// long, up to `max_slow` of them, so that `target` workers stay free
+    /// for fast tasks — except for a worker that is computing
+    /// while the pool has a worker per core: another thread would only take
+    /// a core from the others. It gets one once it blocks (a later call
+    /// looks again). A flagged worker finishes its task and then leaves if
+    /// the pool is larger than it needs to be. Returns how many
     /// replacements were started.
     pub fn flag_overdue(&self, timeout: Duration, max_slow: usize) -> usize {
         let Some(tasks) = &self.shared_tasks else {
@@ -444,6 +470,45 @@ impl<W: WorkerHooks> Pool<W> {
         }
         state.flagged += newly_flagged;
         state.max_slow = max_slow;
+        let unreplaced: Vec<(usize, Instant, Option<KernelThread>)> = state
+            .busy
+            .iter()
+            .filter(|(_, busy)| {
+                let limit = timeout.saturating_mul(busy.samples.max(1) as u32);
+                let worked = now
+                    .duration_since(busy.started)
+                    .saturating_sub(busy.clock.paused(now));
+                busy.flagged_slow
+                    && !busy.replaced
+                    && !busy.orphaned
+                    && worked > limit.saturating_mul(REPLACE_AFTER_TIMEOUTS)
+            })
+            .map(|(&worker, busy)| (worker, busy.started, busy.thread))
+            .collect();
+        if !unreplaced.is_empty() {
+            let full = state.live >= state.cores;
+            // The kernel is asked with the lock released: workers finishing
+            // tasks need it.
+            drop(state);
+            let replace: Vec<(usize, Instant)> = unreplaced
+                .into_iter()
+                .filter(|(_, _, thread)| {
+                    let computing = thread.and_then(KernelThread::is_runnable) == Some(true);
+                    !(full && computing)
+                })
+                .map(|(worker, started, _)| (worker, started))
+                .collect();
+            state = self.shared.state();
+            for (worker, started) in replace {
+                // Still the same task: it may have ended meanwhile.
+                if let Some(busy) = state.busy.get_mut(&worker) {
+                    if busy.started == started && !busy.replaced && !busy.orphaned {
+                        busy.replaced = true;
+                        state.replaced += 1;
+                    }
+                }
+            }
+        }
         self.start_wanted(&mut state, tasks)
     }
 
@@ -504,6 +569,7 @@ fn worker_main<W: WorkerHooks>(
     let shared = live.shared.clone();
     let mut retired = false;
     let clock = TaskClock::default();
+    let kernel_thread = KernelThread::current();
     hooks.enter_thread(worker_id, &mut || {
         let mut state = catch_unwind(AssertUnwindSafe(|| hooks.init(worker_id)))
             .map_err(|payload| panic_message(&*payload));
@@ -534,6 +600,8 @@ fn worker_main<W: WorkerHooks>(
                     clock: clock.clone(),
                     samples: task.samples,
                     flagged_slow: false,
+                    replaced: false,
+                    thread: kernel_thread,
                     orphaned: false,
                 };
                 shared.state().busy.insert(worker_id, busy);
@@ -566,6 +634,9 @@ fn worker_main<W: WorkerHooks>(
                 let flagged = busy.as_ref().is_some_and(|busy| busy.flagged_slow);
                 if flagged {
                     pool.flagged -= 1;
+                }
+                if busy.as_ref().is_some_and(|busy| busy.replaced) {
+                    pool.replaced -= 1;
                 }
                 if busy.is_some_and(|busy| busy.orphaned) {
                     pool.orphaned -= 1;

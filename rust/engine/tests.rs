@@ -290,6 +290,15 @@ struct SampleHooks {
 
 /// The duration that makes a test sample skipped.
 const SKIP: u64 = u64::MAX;
+/// Added to a duration: the sample computes (spins) for it instead of sleeping.
+const SPIN: u64 = 1 << 40;
+
+fn spin_for(duration: Duration) {
+    let until = Instant::now() + duration;
+    while Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
 
 impl WorkerHooks for SampleHooks {
     type Payload = Vec<(u64, u64)>;
@@ -311,7 +320,11 @@ impl WorkerHooks for SampleHooks {
                     if sleep_us == SKIP {
                         return Sample::Skipped(value);
                     }
-                    thread::sleep(Duration::from_micros(sleep_us));
+                    if sleep_us >= SPIN {
+                        spin_for(Duration::from_micros(sleep_us - SPIN));
+                    } else {
+                        thread::sleep(Duration::from_micros(sleep_us));
+                    }
                     Sample::Loaded(value)
                 })
                 .collect(),
@@ -461,6 +474,52 @@ fn a_worker_past_the_timeout_gets_a_replacement_which_retires_after() {
     assert_eq!(engine.num_workers(), 2);
     engine.shutdown(Duration::from_secs(10));
     assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
+}
+
+/// The most workers `engine` had while it delivered its next batch.
+fn most_workers_until_delivered(engine: &mut Samples) -> (usize, Vec<u64>) {
+    let mut most = engine.num_workers();
+    loop {
+        match engine.recv_again(Duration::from_millis(5)) {
+            Ok(batch) => return (most.max(engine.num_workers()), batch),
+            Err(EngineError::WaitElapsed) => most = most.max(engine.num_workers()),
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_computing_slow_sample_gets_no_replacement_when_every_core_has_a_worker() {
+    let cores = thread::available_parallelism().map_or(1, |n| n.get());
+    let (mut engine, _) = start_samples(
+        cores,
+        64,
+        SampleTimeout::Fixed(Duration::from_millis(20)),
+        4,
+    );
+    engine.submit(vec![(0, SPIN + 400_000)]).unwrap();
+    let (most, batch) = most_workers_until_delivered(&mut engine);
+    assert_eq!(batch, vec![0]);
+    assert_eq!(engine.slow_samples(), 1, "it is still flagged slow");
+    assert_eq!(
+        most, cores,
+        "a replacement would only take a core from the others"
+    );
+    engine.shutdown(Duration::from_secs(10));
+}
+
+#[test]
+fn a_computing_slow_sample_gets_a_replacement_while_cores_are_free() {
+    let cores = thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 2 {
+        return; // no free core to give it
+    }
+    let (mut engine, _) = start_samples(1, 64, SampleTimeout::Fixed(Duration::from_millis(20)), 4);
+    engine.submit(vec![(0, SPIN + 400_000)]).unwrap();
+    let (most, batch) = most_workers_until_delivered(&mut engine);
+    assert_eq!(batch, vec![0]);
+    assert_eq!(most, 2);
+    engine.shutdown(Duration::from_secs(10));
 }
 
 // ---- collation: off the consumer's thread, ahead of its asking ----
@@ -637,8 +696,9 @@ fn recv_watching_workers(engine: &mut WaitingSamples) -> (Vec<u64>, usize) {
     }
 }
 
-/// 220 ms waiting then 30 ms working, against a 100 ms timeout.
-const WAIT_FOR_GIL: Duration = Duration::from_millis(220);
+/// 520 ms waiting then 30 ms working, against a 100 ms timeout (a slow task
+/// gets its replacement after `REPLACE_AFTER_TIMEOUTS` of them).
+const WAIT_FOR_GIL: Duration = Duration::from_millis(520);
 const WORK_US: u64 = 30_000;
 const TIMEOUT: Duration = Duration::from_millis(100);
 
