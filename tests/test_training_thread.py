@@ -46,6 +46,25 @@ def test_collate_runs_off_the_consumers_thread(shuffle: bool) -> None:
 
 
 @pytest.mark.parametrize("shuffle", [True, False], ids=["sample-level", "batch-level"])
+def test_collate_runs_torch_ops_on_one_intra_op_thread(shuffle: bool) -> None:
+    """As in torch's worker processes, which collate on one intra-op thread:
+    no team of OpenMP threads spinning beside the workers."""
+    counts: list[int] = []
+
+    def collate(samples):
+        counts.append(torch.get_num_threads())
+        return default_collate(samples)
+
+    before = torch.get_num_threads()
+    loader = minato.DataLoader(
+        RangeDataset(64), batch_size=4, shuffle=shuffle, num_workers=2, collate_fn=collate
+    )
+    assert sum(len(batch) for batch in loader) == 64
+    assert counts == [1] * 16
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("shuffle", [True, False], ids=["sample-level", "batch-level"])
 def test_pin_memory_runs_off_the_consumers_thread(monkeypatch, shuffle: bool) -> None:
     pinned_on: list[int] = []
 
