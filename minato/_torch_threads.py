@@ -20,8 +20,8 @@ per-thread setting (torch reads its thread count from it).
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
-import threading
 
 import torch
 from torch.utils.data._utils import collate as _collate
@@ -42,20 +42,13 @@ def _collate_tensor_fn(batch, *, collate_fn_map=None):
 
 
 _OPENMP_RUNTIMES = ("libgomp", "libiomp5", "libomp")
-_openmp_lock = threading.Lock()
-_openmp: list[ctypes.CDLL | None] = []  # found once: [runtime or None]
 
 
+@functools.cache
 def _openmp_runtime() -> ctypes.CDLL | None:
     """The OpenMP runtime torch loaded (torch's Linux wheels bundle libgomp),
-    or None: a torch built without OpenMP, or a system without /proc."""
-    with _openmp_lock:
-        if not _openmp:
-            _openmp.append(_find_openmp())
-        return _openmp[0]
-
-
-def _find_openmp() -> ctypes.CDLL | None:
+    or None: a torch built without OpenMP, or a system without /proc. Found
+    once (two threads asking at once may both look: the same answer)."""
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "/" in line}

@@ -7,6 +7,11 @@ use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
 /// CPU time is counted in clock ticks (10 ms): shorter intervals are noise.
 const MIN_INTERVAL: Duration = Duration::from_millis(200);
 
+/// The cores this process may run on (its affinity and quota counted).
+pub(crate) fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |cores| cores.get())
+}
+
 /// Samples this process's CPU use at most every [`MIN_INTERVAL`].
 pub(crate) struct CpuSampler {
     system: System,
@@ -18,7 +23,7 @@ pub(crate) struct CpuSampler {
 
 impl CpuSampler {
     pub fn new() -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = available_cores();
         CpuSampler {
             system: System::new(),
             pid: sysinfo::get_current_pid().ok(),

@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
+use super::cpu::available_cores;
 use super::error::EngineError;
 use super::task::{Done, Finished, Task};
 use super::task_clock::TaskClock;
-use super::thread_state::{available_cores, KernelThread};
+use super::thread_state::KernelThread;
 use super::Outcome;
 
 /// What a worker thread runs. The engine owns the threads; an implementation
@@ -458,7 +459,9 @@ impl<W: WorkerHooks> Pool<W> {
         let mut state = self.shared.state();
         let now = Instant::now();
         let mut newly_flagged = 0;
-        for busy in state.busy.values_mut() {
+        // Flagged tasks due a replacement, still without one.
+        let mut unreplaced: Vec<(usize, Instant, Option<KernelThread>)> = Vec::new();
+        for (&worker, busy) in state.busy.iter_mut() {
             let limit = timeout.saturating_mul(busy.samples.max(1) as u32);
             let worked = now
                 .duration_since(busy.started)
@@ -467,24 +470,16 @@ impl<W: WorkerHooks> Pool<W> {
                 busy.flagged_slow = true;
                 newly_flagged += 1;
             }
+            if busy.flagged_slow
+                && !busy.replaced
+                && !busy.orphaned
+                && worked > limit.saturating_mul(REPLACE_AFTER_TIMEOUTS)
+            {
+                unreplaced.push((worker, busy.started, busy.thread));
+            }
         }
         state.flagged += newly_flagged;
         state.max_slow = max_slow;
-        let unreplaced: Vec<(usize, Instant, Option<KernelThread>)> = state
-            .busy
-            .iter()
-            .filter(|(_, busy)| {
-                let limit = timeout.saturating_mul(busy.samples.max(1) as u32);
-                let worked = now
-                    .duration_since(busy.started)
-                    .saturating_sub(busy.clock.paused(now));
-                busy.flagged_slow
-                    && !busy.replaced
-                    && !busy.orphaned
-                    && worked > limit.saturating_mul(REPLACE_AFTER_TIMEOUTS)
-            })
-            .map(|(&worker, busy)| (worker, busy.started, busy.thread))
-            .collect();
         if !unreplaced.is_empty() {
             let full = state.live >= state.cores;
             // The kernel is asked with the lock released: workers finishing

@@ -476,21 +476,9 @@ fn a_worker_past_the_timeout_gets_a_replacement_which_retires_after() {
     assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
 }
 
-/// The most workers `engine` had while it delivered its next batch.
-fn most_workers_until_delivered(engine: &mut Samples) -> (usize, Vec<u64>) {
-    let mut most = engine.num_workers();
-    loop {
-        match engine.recv_again(Duration::from_millis(5)) {
-            Ok(batch) => return (most.max(engine.num_workers()), batch),
-            Err(EngineError::WaitElapsed) => most = most.max(engine.num_workers()),
-            Err(other) => panic!("{other:?}"),
-        }
-    }
-}
-
 #[test]
 fn a_computing_slow_sample_gets_no_replacement_when_every_core_has_a_worker() {
-    let cores = thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = cpu::available_cores();
     let (mut engine, _) = start_samples(
         cores,
         64,
@@ -498,7 +486,7 @@ fn a_computing_slow_sample_gets_no_replacement_when_every_core_has_a_worker() {
         4,
     );
     engine.submit(vec![(0, SPIN + 400_000)]).unwrap();
-    let (most, batch) = most_workers_until_delivered(&mut engine);
+    let (batch, most) = recv_watching_workers(&mut engine);
     assert_eq!(batch, vec![0]);
     assert_eq!(engine.slow_samples(), 1, "it is still flagged slow");
     assert_eq!(
@@ -510,13 +498,13 @@ fn a_computing_slow_sample_gets_no_replacement_when_every_core_has_a_worker() {
 
 #[test]
 fn a_computing_slow_sample_gets_a_replacement_while_cores_are_free() {
-    let cores = thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = cpu::available_cores();
     if cores < 2 {
         return; // no free core to give it
     }
     let (mut engine, _) = start_samples(1, 64, SampleTimeout::Fixed(Duration::from_millis(20)), 4);
     engine.submit(vec![(0, SPIN + 400_000)]).unwrap();
-    let (most, batch) = most_workers_until_delivered(&mut engine);
+    let (batch, most) = recv_watching_workers(&mut engine);
     assert_eq!(batch, vec![0]);
     assert_eq!(most, 2);
     engine.shutdown(Duration::from_secs(10));
@@ -683,7 +671,10 @@ fn start_waiting(wait: Duration, report: bool, sample_timeout: SampleTimeout) ->
 /// The next batch, and the most worker threads seen while it loaded
 /// (a replacement retires once the slow task is done, so the count after
 /// would not show it).
-fn recv_watching_workers(engine: &mut WaitingSamples) -> (Vec<u64>, usize) {
+fn recv_watching_workers<W>(engine: &mut SampleEngine<(u64, u64), u64, W>) -> (Vec<u64>, usize)
+where
+    W: WorkerHooks<Payload = Vec<(u64, u64)>, Output = Vec<Sample<u64>>>,
+{
     let deadline = Instant::now() + WAIT;
     let mut most = engine.num_workers();
     loop {

@@ -44,11 +44,6 @@ fn runnable_from_stat(stat: &str) -> Option<bool> {
     Some(state == "R")
 }
 
-/// The cores this process may run on.
-pub(crate) fn available_cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |cores| cores.get())
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
