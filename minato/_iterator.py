@@ -36,6 +36,7 @@ from minato._resume import EpochStream, IterableStream, capture_epoch_rng
 from minato._stats import StatsRecorder, logger
 from minato._worker import EXHAUSTED, WorkerSpec, sample_count, worker_factory
 from minato._worker_method import WorkerMethod
+from minato._worker_priority import worker_nice_value
 
 if TYPE_CHECKING:
     from minato.dataloader import DataLoader
@@ -329,6 +330,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             skip_errors=self._skip_errors,
             pin=self._pin_memory,
             pin_device=self._pin_memory_device or None,
+            nice=worker_nice_value(loader.worker_nice),
         )
 
     def _adaptive(self, loader: DataLoader) -> bool:
@@ -484,21 +486,21 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
                 return tags, data
             self._report(samples, waited)
             if self._processes is not None:
-                self._watch_method()
+                self._watch_method(waited)
             # Pinned already, off this thread (minato._collate_stage).
             return tags, data
 
-    def _watch_method(self) -> None:
+    def _watch_method(self, waited: float) -> None:
         """worker_method="auto": measures, decides, and moves the workers to
         processes once the fork server is up (see minato._worker_method)."""
         method, processes = self._method, self._processes
         assert processes is not None
         now = time.perf_counter()
-        if method.batch_received(now) == "revert":
+        if method.batch_received(now, waited) == "revert":
             self._off_processes()
             return
         if method.wants_processes and not method.processes:
-            if fork_server_ready() and method.ready_for_processes():
+            if fork_server_ready(processes.modules()) and method.ready_for_processes():
                 loader = self._loader()
                 in_flight = 0 if loader is None else self._batches_in_flight(loader)
                 # Only a loader whose workers move between tasks can go back.
@@ -512,7 +514,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         if now < self._next_method_check or self._engine is None:
             return
         self._next_method_check = now + METHOD_CHECK_INTERVAL_S
-        verdict = method.observe(self._engine.stats())
+        verdict = method.observe(self._engine.stats(), can_trial=processes.per_task_switch)
         if verdict is None:
             return
         why = processes.check_picklable()

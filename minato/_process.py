@@ -129,19 +129,25 @@ def warm_up(modules: list[str] | None = None) -> None:
     """Starts the fork server in the background (it imports torch and
     minato, about a second here), and has it import `modules` (the
     dataset's), so that worker processes, when wanted, start in
-    milliseconds."""
+    milliseconds. Asking again for modules already asked for does nothing."""
     global _warming_in
+    wanted = set(modules or ())
     with _zygote_start_lock:
-        if _warming_in == os.getpid() and not modules:
+        if _warming_in == os.getpid() and wanted <= _warming_modules:
             return
+        if _warming_in != os.getpid():
+            _warming_modules.clear()
         _warming_in = os.getpid()
+        _warming_modules.update(wanted)
     threading.Thread(
         target=_warm, args=(modules or [],), name="minato fork server", daemon=True
     ).start()
 
 
-# The process a warm-up was started in (a fork child starts its own).
+# The process a warm-up was started in (a fork child starts its own), and
+# the modules asked for there.
 _warming_in: int | None = None
+_warming_modules: set[str] = set()
 _zygote_start_lock = threading.Lock()
 
 
@@ -149,12 +155,17 @@ def _warm(modules: list[str]) -> None:
     try:
         _zygote_now().preload(modules)
     except Exception:  # reported again when a worker process is started
-        pass
+        with _zygote_start_lock:
+            _warming_modules.difference_update(modules)  # a later warm-up tries again
 
 
-def fork_server_ready() -> bool:
+def fork_server_ready(modules: list[str]) -> bool:
+    """Whether a worker process starts at once: the fork server of this
+    process is up and has imported `modules`. (Moving while it still
+    imports them would stall every worker until it is done: seconds, with
+    torchvision on a busy machine.)"""
     zygote = _the_zygote
-    return zygote is not None and zygote.pid == os.getpid()
+    return zygote is not None and zygote.pid == os.getpid() and set(modules) <= zygote.imported
 
 
 def _no_stream_skip(_stream: int) -> int:

@@ -1,8 +1,9 @@
 """The main function of a worker process (see minato._process).
 
-It is set up as torch sets up a worker process (``_worker_loop``): the
-globals seeded from ``base_seed + worker_id``, ``torch.set_num_threads(1)``,
-torch's ``WorkerInfo`` (``worker_method="multiprocessing"``), then
+It is set up as torch sets up a worker process (``_worker_loop``), at the
+loader's worker priority (minato._worker_priority): the globals seeded
+from ``base_seed + worker_id``, ``torch.set_num_threads(1)``, torch's
+``WorkerInfo`` (``worker_method="multiprocessing"``), then
 ``worker_init_fn``. It then runs the same fetch code as a worker thread,
 one task per message, and answers each with its result. It leaves when the
 loader's end of the socket closes, even in the middle of a task (the loader
@@ -30,6 +31,7 @@ from torch.utils.data._utils import worker as _torch_worker
 import minato  # noqa: F401  # the fork server imports the whole package once
 from minato import _ipc
 from minato._worker import EXHAUSTED, WORKER_NOUN, WorkerSpec, make_runner
+from minato._worker_priority import lower_process_priority
 
 
 class _StreamSkip:
@@ -56,6 +58,7 @@ def _exit_with_loader(sock: socket.socket) -> None:
 
 
 def _set_up(spec: WorkerSpec, worker_id: int) -> None:
+    lower_process_priority(spec.nice)
     torch.set_num_threads(1)
     seed = spec.base_seed + worker_id
     random.seed(seed)

@@ -17,16 +17,24 @@ Python holds the GIL, which threads can only share:
   interpreter's 5 ms switch interval when one does); high when worker
   threads slow the training loop, even a single worker.
 
-Either past its threshold puts the loader on processes *on trial*: the
-training loop's own rate, batches per second as it receives them (what
-the user's program gets done, the loop's steps and waits together), is
-measured on threads first, then on processes, and the loader keeps the
-faster, for good. Processes that do not pay (a loop the GIL does not slow
+Either past its threshold puts the loader on processes *on trial*, and so
+does a training loop that keeps the workers ahead of it (it waited for
+data under ``LOOP_BOUND_WAITED`` of its time: a GPU-bound loop, whose
+speed is all that counts): there the probe, taken as a batch arrives,
+finds the workers idle, as a full queue leaves them, while during the
+loop's step they run and take its GIL. The trial then asks the question
+directly: the training loop's own rate, batches per second as it receives
+them (what the user's program gets done, the loop's steps and waits
+together), is measured on threads first, then on processes, and the
+loader keeps the faster, for good (a loop-bound trial keeps processes
+only if the loop ran ``TRIAL_GAIN`` faster on them: otherwise the threads
+did not slow it). Processes that do not pay (a loop the GIL does not slow
 much, a dataset whose samples cost more to send than to make) go back to
-threads. Both signals well below their threshold for ``DECIDE_AFTER_S``
-keeps threads and ends the probing. On free-threaded Python (no GIL) auto always keeps threads. The
-decision and its reason are in ``stats()`` and logged once (INFO, the
-``minato`` logger).
+threads. Both signals well below their threshold for ``DECIDE_AFTER_S``,
+the loop waiting for data, keeps threads and ends the probing. On
+free-threaded Python (no GIL) auto always keeps threads. The decision and
+its reason are in ``stats()`` and logged once (INFO, the ``minato``
+logger).
 """
 
 from __future__ import annotations
@@ -68,6 +76,11 @@ TRIAL_MIN_BATCHES = 8
 # ...and processes keep the loader unless the loop ran this much slower on
 # them than on threads (they have been paid for: start-up, memory).
 TRIAL_TOLERANCE = 0.03
+# A loop that waited for data less than this share of its time sets the
+# pace: a trial tells whether worker threads slow it...
+LOOP_BOUND_WAITED = 0.1
+# ...and keeps processes only if the loop ran this much faster on them.
+TRIAL_GAIN = 0.03
 
 
 class _Arm:
@@ -114,6 +127,8 @@ class _Window:
     gil_wait: float
     busy: float
     samples: int
+    # The loop's time waiting for batches, until the window started.
+    waited: float = 0.0
 
 
 class WorkerMethod:
@@ -149,6 +164,10 @@ class WorkerMethod:
         self._on_threads = _Arm()
         self._on_processes: _Arm | None = None
         self._heuristic = ""
+        # The loop's time waiting for batches, and whether the trial under
+        # way must show a gain (see LOOP_BOUND_WAITED).
+        self._waited = 0.0
+        self._gain_wanted = False
 
     @property
     def name(self) -> str:
@@ -157,7 +176,7 @@ class WorkerMethod:
 
     def restart_window(self, figures: dict[str, float] | None = None) -> None:
         """Measurements start over (new workers: their start-up is not evidence)."""
-        self._window = None if figures is None else self._window_of(figures)
+        self._window = None if figures is None else self._window_of(figures, self._waited)
         self._probe_total, self._probes = 0.0, 0
         self._last_batch = None  # no interval spans two epochs
 
@@ -166,10 +185,12 @@ class WorkerMethod:
         """On processes, the trial not yet judged."""
         return self._on_processes is not None
 
-    def batch_received(self, now: float) -> str | None:
-        """The loop received a batch: its rate is measured for the trial.
-        Returns ``"revert"`` when the trial finds processes slower than
-        threads (the loader goes back to threads for good), else None."""
+    def batch_received(self, now: float, waited: float = 0.0) -> str | None:
+        """The loop received a batch, after waiting `waited` seconds for it:
+        its rate is measured for the trial. Returns ``"revert"`` when the
+        trial finds processes slower than threads (the loader goes back to
+        threads for good), else None."""
+        self._waited += waited
         last, self._last_batch = self._last_batch, now
         if last is None or self.requested != "auto":
             return None
@@ -185,7 +206,8 @@ class WorkerMethod:
             return None
         self._on_processes = None
         threads, processes = self._on_threads.rate, trial.rate
-        if processes >= threads * (1 - TRIAL_TOLERANCE):
+        margin = TRIAL_GAIN if self._gain_wanted else -TRIAL_TOLERANCE
+        if processes >= threads * (1 + margin):
             self.reason = (
                 f"auto: worker processes, the training loop ran {processes:.1f} batches/s "
                 f"on them against {threads:.1f} on threads ({self._heuristic})"
@@ -205,9 +227,9 @@ class WorkerMethod:
         return self.requested != "auto" or self._on_threads.complete
 
     @staticmethod
-    def _window_of(figures: dict[str, float]) -> _Window:
+    def _window_of(figures: dict[str, float], waited: float) -> _Window:
         samples = int(figures["samples_loaded"])
-        return _Window(time.perf_counter(), figures["gil_wait"], figures["busy"], samples)
+        return _Window(time.perf_counter(), figures["gil_wait"], figures["busy"], samples, waited)
 
     def wants_probe(self, now: float) -> bool:
         """Probes cost the loop a GIL re-take each: only while undecided, and
@@ -227,17 +249,21 @@ class WorkerMethod:
         self.probe_total += delay
         self.probes += 1
 
-    def observe(self, figures: dict[str, float]) -> str | None:
+    def observe(self, figures: dict[str, float], can_trial: bool = True) -> str | None:
         """Judges the live engine's figures: ``"move"`` when the loader should
         move to processes now, ``"warm"`` when the first signs point there
-        (the fork server should start: it takes about a second), else None."""
+        (the fork server should start: it takes about a second), else None.
+        Without `can_trial` (the workers cannot go back to threads once
+        moved), a loop-bound loader keeps threads."""
         if self.decided:
             return None
         window = self._window
         if window is None:
-            self._window = self._window_of(figures)
+            self._window = self._window_of(figures, self._waited)
             return None
         elapsed = time.perf_counter() - window.started
+        waited_share = (self._waited - window.waited) / elapsed if elapsed > 0 else 1.0
+        loop_bound = can_trial and waited_share < LOOP_BOUND_WAITED
         samples = int(figures["samples_loaded"]) - window.samples
         busy = figures["busy"] - window.busy
         share = (figures["gil_wait"] - window.gil_wait) / busy if busy > 0 else 0.0
@@ -257,7 +283,7 @@ class WorkerMethod:
             leaning = share >= GIL_BOUND_SHARE / 2 or (
                 self._probes >= 2 and delay >= LOOP_DELAY_BOUND_S / 2
             )
-            return "warm" if leaning else None
+            return "warm" if leaning or loop_bound else None
         # The workers' own GIL wait needs no probes (one per batch at most:
         # slow to gather where batches are slow, which is where it matters).
         if share >= GIL_BOUND_SHARE:
@@ -269,19 +295,27 @@ class WorkerMethod:
         clear = self._probes >= 2 and delay >= CLEAR_DELAY_FACTOR * LOOP_DELAY_BOUND_S
         if self._probes < MIN_PROBES and not clear:
             leaning = self._probes >= 2 and delay >= LOOP_DELAY_BOUND_S / 2
-            return "warm" if leaning else None
+            return "warm" if leaning or loop_bound else None
         if delay >= LOOP_DELAY_BOUND_S:
             return self._decide(
                 True,
                 f"auto: the training loop waited {delay * 1e3:.1f} ms on average to take "
                 "the GIL back from worker threads",
             )
-        if elapsed >= DECIDE_AFTER_S:
-            self._decide(
-                False,
-                f"auto: the work releases the GIL (workers' GIL wait {share:.0%}, "
-                f"loop's GIL delay {delay * 1e3:.2f} ms)",
+        if elapsed < DECIDE_AFTER_S:
+            return "warm" if loop_bound else None
+        if loop_bound:
+            self._gain_wanted = True
+            return self._decide(
+                True,
+                f"auto: the training loop sets the pace (it waited for data "
+                f"{waited_share:.0%} of its time), and worker threads may slow it",
             )
+        self._decide(
+            False,
+            f"auto: the work releases the GIL (workers' GIL wait {share:.0%}, "
+            f"loop's GIL delay {delay * 1e3:.2f} ms)",
+        )
         return None
 
     def _decide(self, processes: bool, reason: str) -> str | None:

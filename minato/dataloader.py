@@ -19,6 +19,7 @@ from minato._process import warm_up
 from minato._resume import LoaderProgress
 from minato._stats import LoaderStats, StatsRecorder
 from minato._worker_method import WorkerMethod, check_worker_method
+from minato._worker_priority import DEFAULT_WORKER_NICE, check_worker_nice
 
 # Samples profiled before sample_timeout="auto" sets its first timeout.
 DEFAULT_TIMEOUT_WARMUP = 64
@@ -122,6 +123,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       (``RuntimeError``; skipped with ``on_error="skip"``); a new process
       takes the worker's next task. Needs processes: ``ValueError`` with
       ``worker_method="thread"``.
+    - ``worker_nice`` (0 to 19, default 10): workers, threads and processes,
+      run this much above the training loop's nice value, so that where both
+      want a core the kernel runs the loop first (the workers still get every
+      cycle it leaves). 0 runs them at the loop's priority, as torch does.
+      Worker threads: Linux only (elsewhere a thread has its process's).
 
     When batches are pinned (``pin_memory`` active, or ``device`` a GPU) and
     ``collate_fn`` is the default, tensors and numpy arrays of one shape and
@@ -170,8 +176,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         max_failures: int | float | None = None,
         worker_method: str = "auto",
         sample_hard_timeout: float | None = None,
+        worker_nice: int = DEFAULT_WORKER_NICE,
     ) -> None:
         check_failure_options(on_error, max_failures)
+        check_worker_nice(worker_nice)
         check_worker_method(worker_method)
         _check_hard_timeout(sample_hard_timeout, worker_method)
         _check_minato_options(sample_timeout, sample_timeout_warmup, max_slow_samples)
@@ -223,6 +231,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.max_failures = max_failures
         self.worker_method = worker_method
         self.sample_hard_timeout = sample_hard_timeout
+        self.worker_nice = worker_nice
         self._worker_method = WorkerMethod(worker_method)
         self._stats_recorder = StatsRecorder()
         self._stats_recorder.method = self._worker_method if num_workers > 0 else None

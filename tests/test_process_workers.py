@@ -588,6 +588,34 @@ def test_the_fork_server_imports_the_datasets_modules_once(tmp_path: Path) -> No
     assert len(importers) == 2 and not worker_pids & set(importers), importers
 
 
+def test_auto_moves_only_once_the_fork_server_has_imported_the_datasets_modules() -> None:
+    # Moving earlier would stall every worker until those imports are done
+    # (seconds for torchvision on a busy machine); threads go on meanwhile.
+    zygote = _process._zygote_now()
+    assert _process.fork_server_ready([])
+    assert not _process.fork_server_ready(["colorsys", "json"])
+    zygote.preload(["colorsys", "json"])
+    assert _process.fork_server_ready(["colorsys", "json"])
+
+
+def test_a_warm_up_asked_again_for_the_same_modules_starts_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    warm = _process._warm
+    started: list[list[str]] = []
+
+    def counted(modules: list[str]) -> None:
+        started.append(modules)
+        warm(modules)
+
+    monkeypatch.setattr(_process, "_warm", counted)
+    for _ in range(5):
+        _process.warm_up(["colorsys", "fractions"])
+    _process.warm_up(["fractions"])
+    assert wait_until(lambda: _process.fork_server_ready(["colorsys", "fractions"]))
+    assert len(started) <= 1, started  # none when an earlier test asked for them
+
+
 def test_a_pickles_modules_are_found_without_unpickling() -> None:
     from collections import OrderedDict
     from fractions import Fraction
@@ -630,6 +658,91 @@ def test_auto_goes_back_to_threads_when_the_loop_runs_slower_on_processes() -> N
     assert "10.0 batches/s on them against 5.0 on processes" in method.reason
     # The batches threads had loaded before the move were not counted.
     assert len(verdicts) == 12 + 5 + 8
+
+
+class _Clock:
+    """Stands in for the time module in minato._worker_method."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, _seconds: float) -> None:
+        pass
+
+
+def _loop_bound_run(
+    monkeypatch: pytest.MonkeyPatch, waited: float, processes_interval: float, can_trial=True
+) -> tuple[WorkerMethod, list]:
+    """A loop that receives a batch every 50 ms after waiting `waited` for
+    it, its probes finding the GIL free (the workers idle, as a full queue
+    leaves them), then, if moved, a batch every `processes_interval`."""
+    clock = _Clock()
+    monkeypatch.setattr(_worker_method, "time", clock)
+    method = WorkerMethod("auto")
+    figures = {"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "fetch_p50": 0.005}
+    method.observe(figures)
+    verdicts = []
+    for batch in range(1, 40):
+        clock.now = batch * 0.05
+        verdicts.append(method.batch_received(clock.now, waited))
+        method.probe()
+        figures = dict(figures, samples_loaded=16 * batch, busy=0.09 * batch)
+        verdicts.append(method.observe(figures, can_trial=can_trial))
+        if method.wants_processes:
+            break
+    if not method.wants_processes:
+        return method, verdicts
+    while not method.ready_for_processes():  # the loop's rate on threads is measured first
+        clock.now += 0.05
+        verdicts.append(method.batch_received(clock.now, waited))
+    method.activate(batches_in_flight=2)
+    while method.on_trial:
+        clock.now += processes_interval
+        verdicts.append(method.batch_received(clock.now, 0.0))
+    return method, verdicts
+
+
+def test_a_loop_that_sets_the_pace_tries_processes_and_keeps_them_if_it_runs_faster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The probes read nothing (a full queue leaves the workers idle when the
+    # loop takes a batch), but the loop, which waits for no batch, is what
+    # counts: the trial asks whether threads slowed it.
+    method, verdicts = _loop_bound_run(monkeypatch, waited=0.001, processes_interval=0.04)
+    assert "warm" in verdicts and verdicts.count("move") == 1
+    assert "sets the pace" in method.reason
+    assert method.processes and "25.0 batches/s on them against 20.0" in method.reason
+
+
+def test_a_loop_that_sets_the_pace_goes_back_to_threads_unless_processes_gain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Equal rates: the threads did not slow the loop, and they cost less.
+    method, verdicts = _loop_bound_run(monkeypatch, waited=0.001, processes_interval=0.05)
+    assert verdicts[-1] == "revert" and not method.processes
+    assert "20.0 batches/s on them against 20.0 on processes" in method.reason
+
+
+def test_a_loop_that_waits_for_data_keeps_threads_when_nothing_points_to_the_gil(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    method, verdicts = _loop_bound_run(monkeypatch, waited=0.04, processes_interval=0.04)
+    assert set(verdicts) == {None} and method.decided and not method.wants_processes
+    assert "releases the GIL" in method.reason
+
+
+def test_a_loop_bound_loader_that_cannot_go_back_keeps_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Workers dealt batches in turn (or an IterableDataset's) cannot leave
+    # processes once moved: no trial, so no move on this evidence alone.
+    method, verdicts = _loop_bound_run(
+        monkeypatch, waited=0.001, processes_interval=0.04, can_trial=False
+    )
+    assert "move" not in verdicts and method.decided and not method.wants_processes
 
 
 def test_a_loader_back_on_threads_delivers_every_sample_once(

@@ -41,6 +41,7 @@ MINATO_OPTIONS = {
     "max_failures": None,
     "worker_method": "auto",
     "sample_hard_timeout": None,
+    "worker_nice": 10,
 }
 
 
@@ -65,6 +66,7 @@ def test_minato_options_come_after_torchs_keyword_only_and_are_public_attributes
         max_failures=5,
         worker_method="multiprocessing",
         sample_hard_timeout=30.0,
+        worker_nice=5,
     )
     loader = minato.DataLoader(RangeDataset(), num_workers=2, **given)
     assert {name: getattr(loader, name) for name in given} == given
