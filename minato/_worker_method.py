@@ -18,7 +18,8 @@ Python holds the GIL, which threads can only share:
   threads slow the training loop, even a single worker.
 
 Either past its threshold puts the loader on processes *on trial*, and so
-does a training loop that keeps the workers ahead of it (it waited for
+does, after ``DECIDE_AFTER_S``, a loop GIL delay past half the bound, or a
+training loop that keeps the workers ahead of it (it waited for
 data under ``LOOP_BOUND_WAITED`` of its time: a GPU-bound loop, whose
 speed is all that counts): there the probe, taken as a batch arrives,
 finds the workers idle, as a full queue leaves them, while during the
@@ -26,9 +27,9 @@ loop's step they run and take its GIL. The trial then asks the question
 directly: the training loop's own rate, batches per second as it receives
 them (what the user's program gets done, the loop's steps and waits
 together), is measured on threads first, then on processes, and the
-loader keeps the faster, for good (a loop-bound trial keeps processes
-only if the loop ran ``TRIAL_GAIN`` faster on them: otherwise the threads
-did not slow it). Processes that do not pay (a loop the GIL does not slow
+loader keeps the faster, for good (those two trials keep processes only
+if the loop ran ``TRIAL_GAIN`` faster on them: otherwise the threads did
+not slow it). Processes that do not pay (a loop the GIL does not slow
 much, a dataset whose samples cost more to send than to make) go back to
 threads. Both signals well below their threshold for ``DECIDE_AFTER_S``,
 the loop waiting for data, keeps threads and ends the probing. On
@@ -54,6 +55,11 @@ GIL_BOUND_SHARE = 0.2
 # thousands a step, so a fraction of a millisecond each adds up (the trial
 # on processes tells whether it added up to more than they cost).
 LOOP_DELAY_BOUND_S = 0.0003
+# Half of it is not proof (measured here with a data-bound loop: 0.08-0.11
+# ms for sleeping and numpy datasets, 0.19-0.4 ms in some runs of a PIL
+# pipeline that loads faster on processes): a trial that keeps processes
+# only if the loop gains on them (TRIAL_GAIN) settles it.
+LOOP_DELAY_TRIAL_S = LOOP_DELAY_BOUND_S / 2
 # Evidence wanted before deciding: time since the workers started...
 MIN_WINDOW_S = 0.15
 # ...samples loaded, and probes of the loop's GIL delay.
@@ -302,15 +308,19 @@ class WorkerMethod:
                 f"auto: the training loop waited {delay * 1e3:.1f} ms on average to take "
                 "the GIL back from worker threads",
             )
+        borderline = can_trial and delay >= LOOP_DELAY_TRIAL_S
         if elapsed < DECIDE_AFTER_S:
-            return "warm" if loop_bound else None
-        if loop_bound:
+            return "warm" if loop_bound or borderline else None
+        if loop_bound or borderline:
             self._gain_wanted = True
-            return self._decide(
-                True,
-                f"auto: the training loop sets the pace (it waited for data "
-                f"{waited_share:.0%} of its time), and worker threads may slow it",
+            why = (
+                f"the training loop sets the pace (it waited for data {waited_share:.0%} "
+                "of its time)"
+                if loop_bound
+                else f"the training loop waited {delay * 1e3:.2f} ms on average to take "
+                "the GIL back"
             )
+            return self._decide(True, f"auto: {why}, and worker threads may slow it")
         self._decide(
             False,
             f"auto: the work releases the GIL (workers' GIL wait {share:.0%}, "

@@ -663,23 +663,29 @@ def test_auto_goes_back_to_threads_when_the_loop_runs_slower_on_processes() -> N
 class _Clock:
     """Stands in for the time module in minato._worker_method."""
 
-    def __init__(self) -> None:
+    def __init__(self, probe_delay: float) -> None:
         self.now = 0.0
+        self.probe_delay = probe_delay
 
     def perf_counter(self) -> float:
         return self.now
 
     def sleep(self, _seconds: float) -> None:
-        pass
+        self.now += self.probe_delay  # the probe's wait to take the GIL back
 
 
 def _loop_bound_run(
-    monkeypatch: pytest.MonkeyPatch, waited: float, processes_interval: float, can_trial=True
+    monkeypatch: pytest.MonkeyPatch,
+    waited: float,
+    processes_interval: float,
+    can_trial=True,
+    probe_delay: float = 0.0,
 ) -> tuple[WorkerMethod, list]:
     """A loop that receives a batch every 50 ms after waiting `waited` for
     it, its probes finding the GIL free (the workers idle, as a full queue
-    leaves them), then, if moved, a batch every `processes_interval`."""
-    clock = _Clock()
+    leaves them) or waiting `probe_delay`, then, if moved, a batch every
+    `processes_interval`."""
+    clock = _Clock(probe_delay)
     monkeypatch.setattr(_worker_method, "time", clock)
     method = WorkerMethod("auto")
     figures = {"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "fetch_p50": 0.005}
@@ -732,6 +738,19 @@ def test_a_loop_that_waits_for_data_keeps_threads_when_nothing_points_to_the_gil
     method, verdicts = _loop_bound_run(monkeypatch, waited=0.04, processes_interval=0.04)
     assert set(verdicts) == {None} and method.decided and not method.wants_processes
     assert "releases the GIL" in method.reason
+
+
+@pytest.mark.parametrize("processes_interval,kept", [(0.04, True), (0.05, False)])
+def test_a_loop_gil_delay_past_half_the_bound_tries_processes_wanting_a_gain(
+    monkeypatch: pytest.MonkeyPatch, processes_interval: float, kept: bool
+) -> None:
+    delay = 0.6 * _worker_method.LOOP_DELAY_BOUND_S
+    method, verdicts = _loop_bound_run(
+        monkeypatch, waited=0.04, processes_interval=processes_interval, probe_delay=delay
+    )
+    assert "warm" in verdicts and verdicts.count("move") == 1
+    assert method.processes is kept
+    assert "0.18 ms on average to take the GIL back" in method.reason
 
 
 def test_a_loop_bound_loader_that_cannot_go_back_keeps_threads(
