@@ -162,10 +162,11 @@ def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[Any, Any]:
     process-wide generators, seeded as torch seeds them; its torch generator is also
     thread_safe_generator(). Returns the dataset and the context that
     hands torch's random functions the thread's generator."""
+    # First: a worker setting up must not delay those already loading.
+    lower_thread_priority(spec.nice)
     dataset = worker_dataset(spec.dataset)
     rng = bind_thread_rng(spec.base_seed, worker_id)
     limit_thread_intra_op(1)
-    lower_thread_priority(spec.nice)
     info = _torch_worker.WorkerInfo(
         id=worker_id,
         num_workers=spec.num_workers,
