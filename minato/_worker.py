@@ -35,7 +35,6 @@ from minato._thread_random import ThreadGenerator, bind_thread, thread_generator
 from minato._torch_threads import limit_thread_intra_op
 from minato._worker_dataset import worker_dataset
 from minato._worker_info import set_thread_worker_info
-from minato._worker_priority import lower_thread_priority
 
 if TYPE_CHECKING:
     from minato._process import ProcessWorkers
@@ -157,13 +156,10 @@ def worker_factory(
 
 def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[Any, Any]:
     """What a worker process would have of its own, for this thread: the
-    dataset (a copy that shares the data), one intra-op thread, a priority
-    below the training loop's (minato._worker_priority), and the
+    dataset (a copy that shares the data), one intra-op thread, and the
     process-wide generators, seeded as torch seeds them; its torch generator is also
     thread_safe_generator(). Returns the dataset and the context that
     hands torch's random functions the thread's generator."""
-    # First: a worker setting up must not delay those already loading.
-    lower_thread_priority(spec.nice)
     dataset = worker_dataset(spec.dataset)
     rng = bind_thread_rng(spec.base_seed, worker_id)
     limit_thread_intra_op(1)

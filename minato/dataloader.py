@@ -123,11 +123,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       (``RuntimeError``; skipped with ``on_error="skip"``); a new process
       takes the worker's next task. Needs processes: ``ValueError`` with
       ``worker_method="thread"``.
-    - ``worker_nice`` (0 to 19, default 10): workers, threads and processes,
-      run this much above the training loop's nice value, so that where both
-      want a core the kernel runs the loop first (the workers still get every
-      cycle it leaves). 0 runs them at the loop's priority, as torch does.
-      Worker threads: Linux only (elsewhere a thread has its process's).
+    - ``worker_nice`` (0 to 19, default 10): worker processes run this much
+      above the training loop's nice value, so that where both want a core
+      the kernel runs the loop first (the workers still get every cycle it
+      leaves). 0 runs them at the loop's priority, as torch does. Worker
+      threads keep the loop's priority (they share its GIL).
 
     When batches are pinned (``pin_memory`` active, or ``device`` a GPU) and
     ``collate_fn`` is the default, tensors and numpy arrays of one shape and

@@ -1,6 +1,6 @@
-"""Workers yield the CPU to the training loop (worker_nice): threads and
-processes run at the loader's process's nice value plus worker_nice, the
-loop's thread keeps its own, and the data is torch's."""
+"""Worker processes yield the CPU to the training loop (worker_nice): they
+run at the loader's process's nice value plus worker_nice; worker threads,
+which share the loop's GIL, and the loop keep theirs; the data is torch's."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import torch.utils.data as tud
 from torch.utils.data import Dataset
 
 import minato
-from minato import _worker_priority
 
 pytestmark = [
     pytest.mark.timeout(120),
+    # The thread ids read here are Linux's.
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's"),
 ]
 
@@ -49,20 +49,27 @@ def _loaded(**kwargs) -> tuple[list[int], set[int]]:
     return sorted(indices), nices
 
 
-@pytest.mark.parametrize("method", ["thread", "multiprocessing"])
-def test_workers_run_worker_nice_above_the_loop(method: str) -> None:
+def test_worker_processes_run_worker_nice_above_the_loop() -> None:
     base = _own_nice()
-    indices, nices = _loaded(worker_method=method)
+    indices, nices = _loaded(worker_method="multiprocessing")
     assert indices == list(range(24))
     assert nices == {min(19, base + 10)}
     assert _own_nice() == base, "the training loop's thread keeps its priority"
 
 
-@pytest.mark.parametrize("method", ["thread", "multiprocessing"])
-def test_worker_nice_sets_the_increment_and_zero_leaves_workers_as_torch_does(method: str) -> None:
+def test_worker_threads_keep_the_loops_priority() -> None:
+    # A thread holding the loop's GIL at a lower priority would make the
+    # loop wait whenever another program preempted it.
     base = _own_nice()
-    assert _loaded(worker_method=method, worker_nice=3)[1] == {min(19, base + 3)}
-    assert _loaded(worker_method=method, worker_nice=0)[1] == {base}
+    indices, nices = _loaded(worker_method="thread")
+    assert indices == list(range(24))
+    assert nices == {base}
+
+
+def test_worker_nice_sets_the_increment_and_zero_leaves_workers_as_torch_does() -> None:
+    base = _own_nice()
+    assert _loaded(worker_method="multiprocessing", worker_nice=3)[1] == {min(19, base + 3)}
+    assert _loaded(worker_method="multiprocessing", worker_nice=0)[1] == {base}
     # torch's workers: the loop's priority.
     torch_loader = tud.DataLoader(Nice(), batch_size=4, num_workers=2)
     assert {n for _, nice in torch_loader for n in nice.tolist()} == {base}
@@ -103,28 +110,11 @@ def test_a_niced_process_caps_its_workers_at_the_lowest_priority(tmp_path: Path)
         [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=100
     )
     assert run.returncode == 0, run.stderr
-    expected = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 15 + 10)
-    assert run.stdout.splitlines() == [f"thread [{expected}]", f"multiprocessing [{expected}]"]
-
-
-def test_a_worker_is_set_once_whatever_thread_started_it() -> None:
-    # A worker thread started by another worker (already niced) gets the
-    # same value, not the increment twice.
-    target = _worker_priority.worker_nice_value(4)
-    seen: list[int] = []
-
-    def worker(depth: int) -> None:
-        _worker_priority.lower_thread_priority(target)
-        seen.append(_own_nice())
-        if depth:
-            child = threading.Thread(target=worker, args=(depth - 1,))
-            child.start()
-            child.join()
-
-    thread = threading.Thread(target=worker, args=(2,))
-    thread.start()
-    thread.join()
-    assert seen == [target] * 3
+    niced = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 15)
+    assert run.stdout.splitlines() == [
+        f"thread [{niced}]",
+        f"multiprocessing [{min(19, niced + 10)}]",
+    ]
 
 
 @pytest.mark.parametrize(
