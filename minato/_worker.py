@@ -69,7 +69,7 @@ class WorkerSpec:
     # given device's behalf (None: the current accelerator's).
     pin: bool = False
     pin_device: str | None = None
-    # The nice value workers run at (see minato._worker_priority); None: unchanged.
+    # The nice value worker processes run at (minato._worker_priority); None: unchanged.
     nice: int | None = None
 
 

@@ -287,7 +287,7 @@ class WorkerMethod:
             return None
         if elapsed < MIN_WINDOW_S or samples < MIN_SAMPLES:
             leaning = share >= GIL_BOUND_SHARE / 2 or (
-                self._probes >= 2 and delay >= LOOP_DELAY_BOUND_S / 2
+                self._probes >= 2 and delay >= LOOP_DELAY_TRIAL_S
             )
             return "warm" if leaning or loop_bound else None
         # The workers' own GIL wait needs no probes (one per batch at most:
@@ -300,7 +300,7 @@ class WorkerMethod:
         # A few probes suffice when the delay is far past the bound.
         clear = self._probes >= 2 and delay >= CLEAR_DELAY_FACTOR * LOOP_DELAY_BOUND_S
         if self._probes < MIN_PROBES and not clear:
-            leaning = self._probes >= 2 and delay >= LOOP_DELAY_BOUND_S / 2
+            leaning = self._probes >= 2 and delay >= LOOP_DELAY_TRIAL_S
             return "warm" if leaning or loop_bound else None
         if delay >= LOOP_DELAY_BOUND_S:
             return self._decide(
