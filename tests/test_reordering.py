@@ -217,7 +217,7 @@ def test_no_replacement_with_max_slow_samples_zero() -> None:
 def test_auto_timeout_warms_up_then_follows_the_75th_percentile() -> None:
     class Skewed(RangeDataset):
         def __getitem__(self, i):
-            time.sleep(0.02 if i % 4 == 0 else 0.001)
+            time.sleep(0.02 if i % 8 == 0 else 0.001)
             return i
 
     loader = minato.DataLoader(
@@ -227,8 +227,9 @@ def test_auto_timeout_warms_up_then_follows_the_75th_percentile() -> None:
     assert it._engine.sample_timeout is None  # still warming up
     list(it)
     assert it._engine is None  # the epoch ended: the engine is gone, its figures kept
-    # Three samples in four take about 1 ms: the timeout sits among them,
-    # well below the 20 ms ones.
+    # Seven samples in eight take about 1 ms: the 75th percentile sits among
+    # them, well below the 20 ms ones. (With one in four slow it would be the
+    # slowest fast sample, or a slow one wherever a window held a few more.)
     timeout = loader.stats().sample_timeout
     assert timeout is not None and 0 < timeout < 0.02
 
@@ -236,7 +237,7 @@ def test_auto_timeout_warms_up_then_follows_the_75th_percentile() -> None:
 def test_auto_timeout_is_set_after_the_warmup() -> None:
     class Skewed(RangeDataset):
         def __getitem__(self, i):
-            time.sleep(0.02 if i % 4 == 0 else 0.001)
+            time.sleep(0.02 if i % 8 == 0 else 0.001)
             return i
 
     loader = minato.DataLoader(
