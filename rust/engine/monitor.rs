@@ -138,12 +138,17 @@ impl Adapter {
         let now = Mark::now(pool);
         let elapsed = now.at.duration_since(self.start.at);
         if self.settling {
-            // Settled once every worker the pool should have is on a task
-            // (added threads start within a millisecond), or, when tasks are
-            // scarce or the pool shrank, after one task's time.
-            let all_busy = pool.busy_on_fast_tasks() >= pool.target();
+            // Settled once as many workers as the pool should have are on
+            // a task (after a shrink, once the surplus ones have finished
+            // theirs: meanwhile fewer tasks are issued, and a window judged
+            // then took a good step back), or, when tasks are scarce, after
+            // one task's time; never while added workers are still starting
+            // (32 threads took 20-40 ms to start beside 32 busy ones on 2
+            // cores).
+            let at_target = pool.busy_on_fast_tasks() == pool.target();
             let one_task = MIN_WINDOW.max(self.task_time).min(MAX_WINDOW);
-            if !all_busy && elapsed < one_task {
+            let starting = pool.starting_workers() > 0 && elapsed < MAX_WINDOW;
+            if starting || (!at_target && elapsed < one_task) {
                 return;
             }
         } else if elapsed
@@ -181,11 +186,13 @@ impl Adapter {
         // takes that noise out.
         let progress = pool.samples_in_progress(self.task_time);
         let samples = (finished as f64 + progress - self.start_progress).max(0.0);
+        let consumer = self.steps.take_window();
         let window = Window {
             throughput: samples / elapsed.as_secs_f64(),
             occupancy: self.occupancy.take_window(),
             cpu: self.cpu.usage(),
-            step: self.steps.take_window(),
+            step: consumer.step,
+            wait: consumer.wait,
         };
         let decided = self.controller.observe(window);
         if pool.is_fixed() {

@@ -106,6 +106,10 @@ const MAX_HISTORY: usize = 4096;
 struct PoolState {
     /// Threads running their loop.
     live: usize,
+    /// Of those, how many have not yet entered it: a thread's start (its
+    /// Python thread state, the dataset's per-worker set-up) can take
+    /// milliseconds each while other workers hold the GIL.
+    starting: usize,
     /// Of those, how many are running a task flagged slow.
     flagged: usize,
     /// Of those, how many were given a replacement: all but the ones
@@ -202,6 +206,27 @@ impl Drop for LiveGuard {
     }
 }
 
+/// Counts a worker out of `starting` once it enters its loop, or when its
+/// thread ends before it could.
+struct StartingGuard {
+    shared: Arc<PoolShared>,
+    counted: bool,
+}
+
+impl StartingGuard {
+    fn started(&mut self) {
+        if std::mem::take(&mut self.counted) {
+            self.shared.state().starting -= 1;
+        }
+    }
+}
+
+impl Drop for StartingGuard {
+    fn drop(&mut self) {
+        self.started();
+    }
+}
+
 /// The worker threads of one engine.
 pub(crate) struct Pool<W: WorkerHooks> {
     pub shared: Arc<PoolShared>,
@@ -238,6 +263,7 @@ impl<W: WorkerHooks> Pool<W> {
                 started: Instant::now(),
                 state: Mutex::new(PoolState {
                     live: 0,
+                    starting: 0,
                     flagged: 0,
                     replaced: 0,
                     cores: available_cores(),
@@ -295,6 +321,7 @@ impl<W: WorkerHooks> Pool<W> {
         });
         let handle = spawned.map_err(|err| EngineError::Spawn(err.to_string()))?;
         state.live += 1;
+        state.starting += 1;
         state.next_worker_id += 1;
         // Threads that retired have ended: joining them releases their
         // stacks (a thread neither joined nor detached keeps its own), so a
@@ -333,6 +360,11 @@ impl<W: WorkerHooks> Pool<W> {
             .filter(|busy| !busy.flagged_slow)
             .map(|busy| progress(now.duration_since(busy.started), task_time, busy.samples))
             .sum()
+    }
+
+    /// Workers started and not yet running their loop.
+    pub fn starting_workers(&self) -> usize {
+        self.shared.state().starting
     }
 
     /// Workers running a task not flagged slow.
@@ -562,12 +594,17 @@ fn worker_main<W: WorkerHooks>(
     mut live: LiveGuard,
 ) {
     let shared = live.shared.clone();
+    let mut starting = StartingGuard {
+        shared: shared.clone(),
+        counted: true,
+    };
     let mut retired = false;
     let clock = TaskClock::default();
     let kernel_thread = KernelThread::current();
     hooks.enter_thread(worker_id, &mut || {
         let mut state = catch_unwind(AssertUnwindSafe(|| hooks.init(worker_id)))
             .map_err(|payload| panic_message(&*payload));
+        starting.started();
         loop {
             let task = match tasks.recv_timeout(IDLE_CHECK) {
                 Ok(task) => task,
@@ -671,6 +708,50 @@ pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Hooks whose per-thread set-up waits until `released`.
+    struct SlowStart {
+        released: Arc<AtomicBool>,
+    }
+
+    impl WorkerHooks for SlowStart {
+        type Payload = ();
+        type Output = ();
+        type State = ();
+
+        fn init(&self, _worker_id: usize) {
+            while !self.released.load(Ordering::Acquire) {
+                thread::sleep(Duration::from_millis(1));
+            }
+        }
+
+        fn run(&self, _state: &mut (), _epoch: u64, _payload: ()) -> Outcome<()> {
+            Outcome::Value(())
+        }
+    }
+
+    #[test]
+    fn workers_count_as_starting_until_their_set_up_is_done() {
+        let released = Arc::new(AtomicBool::new(false));
+        let hooks = SlowStart {
+            released: released.clone(),
+        };
+        let (task_tx, tasks) = crossbeam_channel::unbounded();
+        let (results, _results_rx) = crossbeam_channel::unbounded();
+        let pool = Pool::start(hooks, vec![tasks.clone(), tasks], results).unwrap();
+        assert_eq!(pool.starting_workers(), 2);
+        pool.set_target(5);
+        assert_eq!(pool.starting_workers(), 5, "added ones too");
+        released.store(true, Ordering::Release);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pool.starting_workers() > 0 && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(pool.starting_workers(), 0);
+        assert_eq!(pool.live_workers(), 5);
+        drop(task_tx); // the engine's way to end its workers' loops
+        assert_eq!(pool.shutdown(Duration::from_secs(10)), 0);
+    }
 
     #[test]
     fn progress_is_prorated_and_capped() {
