@@ -81,7 +81,8 @@ class LoaderStats:
     """Mean time the training loop spent between receiving a batch and asking
     for the next (its own work: the step); worker threads that share its GIL
     lengthen it, and the adaptive pool takes back a worker that slows it
-    by more than 10% (and 0.5 ms). None before a second batch."""
+    by more than 10% (and 0.5 ms) unless the loop's waits for data shrank
+    by more. None before a second batch."""
     loop_gil_delay: float | None = None
     """Mean time the training loop's thread waited to take the GIL back
     after releasing it, as probed by ``worker_method="auto"`` while deciding;

@@ -74,10 +74,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     - ``sample_timeout``, ``sample_timeout_warmup``, ``max_slow_samples``: the
       per-sample timeout of out-of-order batching (see the README).
     - ``adaptive`` (default True): resize the worker pool while running,
-      starting from ``num_workers``: grow (doubling, then by at most 2 at a
-      time once a doubling did not pay) while the training loop waits for
-      data and each step raises samples/s without slowing the loop's own
-      steps by more than 10%; shrink while batches pile up unused.
+      starting from ``num_workers``: grow (doubling, quadrupling while the
+      work scales linearly, then by at most 2 at a time once a doubling did
+      not pay) while the training loop waits for data and each step raises
+      samples/s without slowing the loop's own steps by more than 10%
+      (unless its waits shrank more); shrink while batches pile up unused.
       Map-style datasets only: each worker of an IterableDataset owns a
       stream, so its count stays fixed.
       ``num_workers`` keeps the value given; ``stats().workers`` is the live
