@@ -162,8 +162,9 @@ pub struct Controller {
     ceiling_windows: u32,
     /// A growth step just failed: try one worker fewer next.
     try_fewer: bool,
-    /// How the next growth step sizes itself.
-    growth: Growth,
+    /// Growth is multiplicative until a growth step first fails to pay,
+    /// then by at most `max_step`.
+    doubling: bool,
     /// No quadrupling fell short yet: after one did, the work has stopped
     /// scaling linearly somewhere, and growth at most doubles.
     may_quadruple: bool,
@@ -171,17 +172,6 @@ pub struct Controller {
     /// two make the next quadruple (one alone can be the epoch's cold
     /// start, where anything looks linear).
     linear_steps: u32,
-}
-
-/// How a growth step sizes itself.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Growth {
-    /// Times four: the last step scaled linearly.
-    Quadrupling,
-    /// Times two, until a growth step first fails to pay.
-    Doubling,
-    /// By at most `max_step`.
-    Refining,
 }
 
 impl Controller {
@@ -195,7 +185,7 @@ impl Controller {
             probe: None,
             ceiling: None,
             try_fewer: false,
-            growth: Growth::Doubling,
+            doubling: true,
             may_quadruple: true,
             linear_steps: 0,
         }
@@ -231,7 +221,6 @@ impl Controller {
             if !paid {
                 if let Some(half_way) = probe.half_way.filter(|_| growth) {
                     // Short of linear: judge the doubling within it.
-                    self.growth = Growth::Doubling;
                     self.may_quadruple = false;
                     self.workers = half_way;
                     self.probe = Some(Probe {
@@ -243,10 +232,10 @@ impl Controller {
                 }
                 if growth && self.workers - probe.from > self.config.max_step {
                     // A doubling that did not pay: refine below where it went.
-                    self.growth = Growth::Refining;
+                    self.doubling = false;
                     self.ceiling = Some((self.workers - 1, self.ceiling_windows));
                 } else if growth {
-                    self.growth = Growth::Refining;
+                    self.doubling = false;
                     self.ceiling = Some((probe.from, self.ceiling_windows));
                     self.ceiling_windows =
                         (self.ceiling_windows * 2).min(self.config.max_ceiling_windows);
@@ -263,9 +252,6 @@ impl Controller {
                 self.linear_steps += 1;
             } else {
                 self.linear_steps = 0;
-            }
-            if self.growth != Growth::Refining && self.may_quadruple && self.linear_steps >= 2 {
-                self.growth = Growth::Quadrupling;
             }
             // A growth step that paid: the window that judged it is also the
             // next step's baseline, so a ramp takes one window a step.
@@ -300,10 +286,13 @@ impl Controller {
             // or very slow samples: more workers would only wait beside them.
             let finishing = window.throughput > 0.0;
             if self.workers < limit && !cpu_saturated && finishing {
-                let step = match self.growth {
-                    Growth::Quadrupling => 3 * self.workers,
-                    Growth::Doubling => self.workers.max(config.max_step),
-                    Growth::Refining => config.max_step,
+                let quadrupling = self.doubling && self.may_quadruple && self.linear_steps >= 2;
+                let step = if quadrupling {
+                    3 * self.workers
+                } else if self.doubling {
+                    self.workers.max(config.max_step)
+                } else {
+                    config.max_step
                 };
                 let to = (self.workers + step).min(limit);
                 let doubled = 2 * self.workers;

@@ -190,40 +190,36 @@ impl PoolShared {
     }
 }
 
-/// Counts a worker out of `live` when its loop ends, panic or not, unless
-/// it already counted itself out when it retired.
+/// Counts a worker out of `starting` once it enters its loop, and out of
+/// `live` when its loop ends, panic or not, unless it already counted itself
+/// out when it retired; its thread ending before it entered the loop counts
+/// it out of both.
 struct LiveGuard {
     shared: Arc<PoolShared>,
     counted: bool,
+    starting: bool,
 }
 
-impl Drop for LiveGuard {
-    fn drop(&mut self) {
-        if self.counted {
-            self.shared.state().live -= 1;
-        }
-        self.shared.a_worker_exited.notify_all();
-    }
-}
-
-/// Counts a worker out of `starting` once it enters its loop, or when its
-/// thread ends before it could.
-struct StartingGuard {
-    shared: Arc<PoolShared>,
-    counted: bool,
-}
-
-impl StartingGuard {
-    fn started(&mut self) {
-        if std::mem::take(&mut self.counted) {
+impl LiveGuard {
+    fn entered_loop(&mut self) {
+        if std::mem::take(&mut self.starting) {
             self.shared.state().starting -= 1;
         }
     }
 }
 
-impl Drop for StartingGuard {
+impl Drop for LiveGuard {
     fn drop(&mut self) {
-        self.started();
+        {
+            let mut state = self.shared.state();
+            if std::mem::take(&mut self.starting) {
+                state.starting -= 1;
+            }
+            if self.counted {
+                state.live -= 1;
+            }
+        }
+        self.shared.a_worker_exited.notify_all();
     }
 }
 
@@ -316,6 +312,7 @@ impl<W: WorkerHooks> Pool<W> {
             let guard = LiveGuard {
                 shared,
                 counted: true,
+                starting: true,
             };
             worker_main(worker_id, &*hooks, &tasks, &results, guard)
         });
@@ -594,17 +591,13 @@ fn worker_main<W: WorkerHooks>(
     mut live: LiveGuard,
 ) {
     let shared = live.shared.clone();
-    let mut starting = StartingGuard {
-        shared: shared.clone(),
-        counted: true,
-    };
     let mut retired = false;
     let clock = TaskClock::default();
     let kernel_thread = KernelThread::current();
     hooks.enter_thread(worker_id, &mut || {
         let mut state = catch_unwind(AssertUnwindSafe(|| hooks.init(worker_id)))
             .map_err(|payload| panic_message(&*payload));
-        starting.started();
+        live.entered_loop();
         loop {
             let task = match tasks.recv_timeout(IDLE_CHECK) {
                 Ok(task) => task,
