@@ -6,6 +6,8 @@ torch's ``default_collate`` built in a worker process is) and travel as
 file descriptors beside the pickle (``SCM_RIGHTS``). The receiver maps the
 same pages, so a sample's payload is written once by the worker and copied
 at most once more, into its batch; nothing large goes through the socket.
+A worker process's results go into its ring of sample slots where they fit
+(minato._sample_slots): memory both sides mapped once, not a segment each.
 
 This uses torch's own shared-memory storages (what ``torch.multiprocessing``
 sends between processes), through the private methods torch's reductions
@@ -29,6 +31,8 @@ import cloudpickle
 import numpy as np
 import torch
 import torch.multiprocessing
+
+from minato._sample_slots import SlotLeases, SlotRing
 
 # Below this, pickling the bytes costs less than a shared-memory mapping.
 SHARE_MIN_BYTES = 64 * 1024
@@ -68,12 +72,43 @@ class _SharingPickler(cloudpickle.Pickler):
     """cloudpickle (what ``__main__`` defines goes by value: a worker process
     never imports the training script), with large payloads shared."""
 
-    def __init__(self, file: io.BytesIO) -> None:
+    def __init__(self, file: io.BytesIO, ring: SlotRing | None = None) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.share = _can_share()
         self.fds: list[int] = []
         self.keep: list[Any] = []
         self.slots: dict[int, int] = {}
+        self.ring = ring if self.share else None
+        # The ring's slots this message fills, and the segments it announces.
+        self.ring_slots: list[int] = []
+        self.announcing: list[int] = []
+
+    def _in_ring(self, nbytes: int) -> tuple[Any, int] | None:
+        """A free slot of the ring for a payload of `nbytes`, as (its
+        segment's descriptor where the loader lacks it, the slot), or None."""
+        ring = self.ring
+        if ring is None or len(self.fds) >= MAX_FDS:
+            return None
+        slot = ring.take(nbytes)
+        if slot is None:
+            return None
+        self.ring_slots.append(slot)
+        found = None
+        segment = ring.segment_of(slot)
+        if segment not in ring.announced:
+            # The segment's first use: its descriptor goes along.
+            fd_slot, size = self._slot(ring.segments[segment])
+            found = (fd_slot, size, ring.slot_bytes, segment)
+            ring.announced.add(segment)
+            self.announcing.append(segment)
+        return found, slot
+
+    def unwind(self) -> None:
+        """The message was not sent: its slots are free again, and the
+        segments it announced are not announced."""
+        if self.ring is not None:
+            self.ring.give_back(self.ring_slots)
+            self.ring.announced.difference_update(self.announcing)
 
     def reducer_override(self, obj: Any) -> Any:
         # Exact types: subclasses (nn.Parameter, masked arrays) keep their own pickling.
@@ -110,6 +145,14 @@ class _SharingPickler(cloudpickle.Pickler):
         storage = tensor.untyped_storage()
         # A view of a much larger storage is copied alone, not its whole base.
         if not storage.is_shared() or storage.nbytes() > 2 * tensor.nbytes:
+            in_ring = self._in_ring(tensor.nbytes)
+            if in_ring is not None:
+                segment, slot = in_ring
+                assert self.ring is not None
+                raw = self.ring.bytes_of(slot, tensor.nbytes)
+                raw.view(tensor.dtype).view(tensor.shape).copy_(tensor)
+                shape = tuple(tensor.shape)
+                return _rebuild_slot_tensor, (segment, slot, tensor.nbytes, tensor.dtype, shape)
             shared = self._fresh(tensor.nbytes)
             copy = torch.empty((0,), dtype=tensor.dtype).set_(shared, 0, tensor.shape)
             copy.copy_(tensor)
@@ -122,6 +165,13 @@ class _SharingPickler(cloudpickle.Pickler):
         return _rebuild_tensor, (*args, tuple(tensor.stride()))
 
     def _array(self, data: np.ndarray) -> Any:
+        in_ring = self._in_ring(data.nbytes)
+        if in_ring is not None:
+            segment, slot = in_ring
+            assert self.ring is not None
+            raw = self.ring.bytes_of(slot, data.nbytes).numpy()
+            np.copyto(raw.view(data.dtype).reshape(data.shape), data, casting="no")
+            return _rebuild_slot_array, (segment, slot, data.nbytes, data.dtype, data.shape)
         shared = self._fresh(data.nbytes)
         raw = torch.empty((0,), dtype=torch.uint8).set_(shared, 0, (data.nbytes,)).numpy()
         np.copyto(raw.view(data.dtype).reshape(data.shape), data, casting="no")
@@ -197,10 +247,16 @@ def modules_named(payload: Payload) -> list[str]:
     return list(modules)
 
 
-def dumps(obj: Any) -> Payload:
+def dumps(obj: Any, ring: SlotRing | None = None) -> Payload:
+    """`obj` pickled, its large payloads shared; into `ring`'s slots where
+    they fit (a worker process's results)."""
     buffer = io.BytesIO()
-    pickler = _SharingPickler(buffer)
-    pickler.dump(obj)
+    pickler = _SharingPickler(buffer, ring)
+    try:
+        pickler.dump(obj)
+    except BaseException:
+        pickler.unwind()
+        raise
     return Payload(buffer.getvalue(), pickler.fds, pickler.keep)
 
 
@@ -228,20 +284,48 @@ def _rebuild_array(slot: int, size: int, dtype: Any, shape: tuple, nbytes: int) 
     return raw.numpy().view(dtype).reshape(shape)
 
 
-def loads(data: bytes | bytearray, fds: list[int]) -> Any:
+# A ring segment's first use: its descriptor's place among the message's,
+# its size, the ring's slot size, and the segment's number.
+_Segment = tuple[int, int, int, int]
+
+
+def _slot_bytes(segment: _Segment | None, slot: int, nbytes: int) -> np.ndarray:
+    """A ring slot's bytes, leased."""
+    leases = getattr(_received, "leases", None)
+    if leases is None:
+        raise pickle.UnpicklingError("a sample slot arrived where no ring is expected")
+    if segment is not None:
+        fd_slot, size, slot_bytes, number = segment
+        leases.map(number, _storage(fd_slot, size), slot_bytes)
+    return leases.bytes_of(slot, nbytes)
+
+
+def _rebuild_slot_tensor(
+    segment: _Segment | None, slot: int, nbytes: int, dtype: torch.dtype, shape: tuple
+) -> torch.Tensor:
+    return torch.from_numpy(_slot_bytes(segment, slot, nbytes)).view(dtype).view(shape)
+
+
+def _rebuild_slot_array(
+    segment: _Segment | None, slot: int, nbytes: int, dtype: Any, shape: tuple
+) -> np.ndarray:
+    return _slot_bytes(segment, slot, nbytes).view(dtype).reshape(shape)
+
+
+def loads(data: bytes | bytearray, fds: list[int], leases: SlotLeases | None = None) -> Any:
     """Unpickles a message; closes its descriptors (the storages mapped
-    from them hold their own)."""
-    _received.fds, _received.storages = fds, {}
+    from them hold their own). `leases`: the sending process's ring."""
+    _received.fds, _received.storages, _received.leases = fds, {}, leases
     try:
         return pickle.loads(data)
     finally:
-        _received.fds, _received.storages = (), {}
+        _received.fds, _received.storages, _received.leases = (), {}, None
         for fd in fds:
             os.close(fd)
 
 
-def send(sock: socket.socket, obj: Any) -> None:
-    send_payload(sock, dumps(obj))
+def send(sock: socket.socket, obj: Any, ring: SlotRing | None = None) -> None:
+    send_payload(sock, dumps(obj, ring))
 
 
 def send_payload(sock: socket.socket, payload: Payload) -> None:
@@ -256,8 +340,9 @@ def send_payload(sock: socket.socket, payload: Payload) -> None:
     sock.sendall(payload.data)
 
 
-def recv(sock: socket.socket) -> Any:
-    """The next message; EOFError when the other end is gone."""
+def recv(sock: socket.socket, leases: SlotLeases | None = None) -> Any:
+    """The next message; EOFError when the other end is gone. `leases`: the
+    sending process's ring, where it sends into one."""
     header, fds = _recv_header(sock)
     try:
         length, _ = _HEADER.unpack(header)
@@ -273,7 +358,7 @@ def recv(sock: socket.socket) -> Any:
         for fd in fds:
             os.close(fd)
         raise
-    return loads(data, fds)
+    return loads(data, fds, leases)
 
 
 def _recv_header(sock: socket.socket) -> tuple[bytes, list[int]]:

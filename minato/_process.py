@@ -52,6 +52,7 @@ from torch._utils import ExceptionWrapper
 
 from minato import _ipc, _zygote
 from minato._failures import SampleFailure, Skipped
+from minato._sample_slots import SlotLeases
 from minato._worker import EXHAUSTED, WorkerSpec
 from minato._worker_method import WorkerMethod
 
@@ -187,6 +188,8 @@ class WorkerProcess:
             theirs.close()
         self.sock = ours
         self.owner = os.getpid()
+        # The process's ring of sample slots (minato._sample_slots).
+        self.leases = SlotLeases()
         # Collected with its worker thread's runner (the pool shrank): the
         # socket closes and the process leaves.
         weakref.finalize(self, ours.close)
@@ -200,13 +203,14 @@ class WorkerProcess:
         zygote.preload(workers.modules())
         return zygote.fork(theirs)
 
-    def call(self, message: Any, limit: float | None) -> Any:
-        """Sends a task and waits for its answer (socket waits release the
-        GIL): TimeoutError past `limit`, EOFError/OSError if the process died."""
+    def call(self, message: tuple[Any, ...], limit: float | None) -> Any:
+        """Sends a task, with the ring's slots handed back since the last,
+        and waits for its answer (socket waits release the GIL):
+        TimeoutError past `limit`, EOFError/OSError if the process died."""
         self.sock.settimeout(None)
-        _ipc.send(self.sock, message)
+        _ipc.send(self.sock, (*message, self.leases.take_freed()))
         self.sock.settimeout(limit)
-        return _ipc.recv(self.sock)
+        return _ipc.recv(self.sock, self.leases)
 
     def stop(self, kill: bool = False) -> None:
         """Closes the socket (the process leaves at once, see

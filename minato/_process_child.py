@@ -30,6 +30,7 @@ from torch.utils.data._utils import worker as _torch_worker
 
 import minato  # noqa: F401  # the fork server imports the whole package once
 from minato import _ipc
+from minato._sample_slots import SlotRing
 from minato._worker import EXHAUSTED, WORKER_NOUN, WorkerSpec, make_runner
 from minato._worker_priority import lower_process_priority
 
@@ -88,12 +89,14 @@ def main(sock: socket.socket) -> None:
     spec = dataclasses.replace(spec, take_stream_skip=stream_skip.take)
     _set_up(spec, worker_id)
     run = make_runner(spec, spec.dataset, worker_id, contextlib.nullcontext(), samples=samples)
+    ring = SlotRing()
     while True:
         try:
-            epoch, task, skip = _ipc.recv(sock)
+            epoch, task, skip, freed = _ipc.recv(sock)
         except EOFError:
             return
+        ring.give_back(freed)
         if skip is not None:
             stream_skip.count = skip
         output: Any = run(epoch, task)
-        _ipc.send(sock, None if output is EXHAUSTED else (output,))
+        _ipc.send(sock, None if output is EXHAUSTED else (output,), ring)

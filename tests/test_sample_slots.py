@@ -1,0 +1,236 @@
+"""A worker process's ring of sample slots (minato._sample_slots): payloads
+written into memory both sides mapped once, each slot reused only after
+nothing in the loader views it any more.
+
+The unit tests pass messages through minato._ipc in one process, as the
+worker process and the loader would; the loader tests compare with torch's
+DataLoader.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+
+import minato
+from minato import _ipc
+from minato._sample_slots import MAX_RING_BYTES, SEGMENT_SLOTS, SlotLeases, SlotRing
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not _ipc._can_share(), reason="torch cannot share by descriptor here"),
+]
+
+SHAPE = (3, 64, 128)  # 96 KiB in float32: past SHARE_MIN_BYTES
+
+
+def through(obj, ring: SlotRing, leases: SlotLeases):
+    """`obj` sent by a worker process into `ring` and received by the loader."""
+    payload = _ipc.dumps(obj, ring)
+    return _ipc.loads(payload.data, [os.dup(fd) for fd in payload.fds], leases)
+
+
+def test_a_sample_arrives_through_a_slot_equal_and_its_slot_comes_back() -> None:
+    ring, leases = SlotRing(), SlotLeases()
+    sample = torch.arange(np.prod(SHAPE), dtype=torch.float32).reshape(SHAPE)
+    received = through({"image": sample, "label": 3}, ring, leases)
+    assert torch.equal(received["image"], sample)
+    assert received["label"] == 3
+    assert ring.free == SEGMENT_SLOTS - 1, "one slot taken"
+    assert leases.take_freed() == [], "still viewed"
+    view = received["image"][1:]  # a view keeps the slot too
+    del received
+    gc.collect()
+    assert leases.take_freed() == []
+    del view
+    gc.collect()
+    freed = leases.take_freed()
+    assert len(freed) == 1
+    ring.give_back(freed)
+    assert ring.free == SEGMENT_SLOTS
+
+
+def test_a_task_of_many_samples_adds_segments_announced_once() -> None:
+    ring, leases = SlotRing(), SlotLeases()
+    run = [torch.full(SHAPE, float(i)) for i in range(SEGMENT_SLOTS + 8)]
+    received = through(run, ring, leases)
+    assert len(ring.segments) == 2 and ring.announced == {0, 1}
+    for i, tensor in enumerate(received):
+        assert torch.all(tensor == float(i)), i
+    # A later message into the second segment sends no descriptor again.
+    payload = _ipc.dumps(torch.zeros(SHAPE), ring)
+    assert payload.fds == []
+
+
+BIG = (2, 1024, 1024)  # 8 MiB: the ring holds MAX_RING_BYTES // 8 MiB of them
+
+
+def test_a_slot_still_viewed_is_never_written() -> None:
+    ring, leases = SlotRing(), SlotLeases()
+    capacity = MAX_RING_BYTES // (8 << 20)
+    kept = [through(torch.full(BIG, float(i)), ring, leases) for i in range(capacity)]
+    assert ring.free == 0
+    # Every slot is taken: the next sample goes into fresh shared memory.
+    extra = through(torch.full(BIG, -1.0), ring, leases)
+    assert torch.all(extra == -1.0)
+    for i, tensor in enumerate(kept):
+        assert torch.all(tensor == float(i)), i
+    # Half of them handed back (a batch collated): reused for new samples,
+    # while the other half keep their values.
+    del kept[::2]
+    gc.collect()
+    ring.give_back(leases.take_freed())
+    assert ring.free == capacity // 2
+    fresh = [through(torch.full(BIG, 100.0 + i), ring, leases) for i in range(capacity // 2)]
+    assert ring.free == 0
+    for i, tensor in zip(range(1, capacity, 2), kept, strict=True):
+        assert torch.all(tensor == float(i)), i
+    for i, tensor in enumerate(fresh):
+        assert torch.all(tensor == 100.0 + i)
+
+
+def test_dtypes_layouts_and_arrays_round_trip() -> None:
+    ring, leases = SlotRing(), SlotLeases()
+    base = torch.randn(SHAPE)
+    half = torch.randn((3, 32, 128))
+    # Each 96 KiB, a slot's size: every one takes a slot.
+    samples = {
+        "float": base,
+        "bfloat16": torch.randn((6, 64, 128)).to(torch.bfloat16),
+        "bool": torch.randn((12, 64, 128)) > 0,
+        "complex": torch.complex(half, -half),
+        "transposed": base.transpose(1, 2),  # not contiguous: arrives contiguous, equal
+        "array": half.numpy().astype(np.float64),
+        "int_array": np.arange(np.prod(SHAPE), dtype=np.int32).reshape(SHAPE),
+    }
+    received = through(samples, ring, leases)
+    for key, value in samples.items():
+        got = received[key]
+        if isinstance(value, np.ndarray):
+            assert isinstance(got, np.ndarray)
+            assert got.dtype == value.dtype and got.shape == value.shape
+            np.testing.assert_array_equal(got, value)
+        else:
+            assert got.dtype == value.dtype and got.shape == value.shape
+            assert torch.equal(got, value), key
+    assert ring.free == SEGMENT_SLOTS - len(samples)
+
+
+def test_a_payload_larger_than_a_slot_goes_the_old_way() -> None:
+    ring, leases = SlotRing(), SlotLeases()
+    through(torch.zeros(SHAPE), ring, leases)  # sizes the ring's slots
+    larger = torch.ones((4, 64, 128))
+    assert torch.equal(through(larger, ring, leases), larger)
+    assert ring.free == SEGMENT_SLOTS - 1, "only the first took a slot"
+
+
+def test_a_ring_is_bounded_and_not_made_for_huge_payloads() -> None:
+    ring = SlotRing()
+    ring.take(MAX_RING_BYTES // 8)
+    assert ring.free * ring.slot_bytes <= MAX_RING_BYTES
+    huge = SlotRing()
+    assert huge.take(MAX_RING_BYTES // 2) is None
+    assert huge.segments == []
+
+
+def test_a_message_that_fails_to_pickle_gives_its_slots_back() -> None:
+    class Unpicklable:
+        def __reduce__(self):
+            raise TypeError("no pickling")
+
+    ring, leases = SlotRing(), SlotLeases()
+    with pytest.raises(TypeError, match="no pickling"):
+        _ipc.dumps([torch.zeros(SHAPE), Unpicklable()], ring)
+    assert ring.free == SEGMENT_SLOTS
+    assert not ring.announced
+    # The ring is announced by the next message that uses it.
+    assert torch.equal(through(torch.ones(SHAPE), ring, leases), torch.ones(SHAPE))
+
+
+def test_a_slot_without_a_ring_expected_is_refused() -> None:
+    payload = _ipc.dumps(torch.zeros(SHAPE), SlotRing())
+    with pytest.raises(Exception, match="no ring is expected"):
+        _ipc.loads(payload.data, [os.dup(fd) for fd in payload.fds])
+
+
+class Images(tud.Dataset):
+    def __len__(self) -> int:
+        return 160
+
+    def __getitem__(self, index: int):
+        return torch.full(SHAPE, float(index)), np.full((100, 96), index, dtype=np.float64)
+
+
+def _count_slot_rebuilds(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts the tensors rebuilt from slots, and the segments mapped."""
+    counts = {"slot": 0, "segments": 0}
+    rebuild, mapping = _ipc._rebuild_slot_tensor, SlotLeases.map
+
+    def counting(*args):
+        counts["slot"] += 1
+        return rebuild(*args)
+
+    def counting_map(self, *args):
+        counts["segments"] += 1
+        return mapping(self, *args)
+
+    monkeypatch.setattr(_ipc, "_rebuild_slot_tensor", counting)
+    monkeypatch.setattr(SlotLeases, "map", counting_map)
+    return counts
+
+
+@pytest.mark.parametrize("keep_samples", [False, True])
+def test_process_workers_deliver_torchs_batches_through_their_rings(
+    monkeypatch: pytest.MonkeyPatch, keep_samples: bool
+) -> None:
+    counts = _count_slot_rebuilds(monkeypatch)
+    # A collate_fn that keeps its samples holds every slot it got: none is
+    # overwritten, the ring grows instead.
+    collate = {"collate_fn": lambda samples: samples} if keep_samples else {}
+
+    def epoch(cls, **kwargs):
+        generator = torch.Generator().manual_seed(7)
+        loader = cls(
+            Images(),
+            batch_size=8,
+            shuffle=True,
+            generator=generator,
+            num_workers=2,
+            **collate,
+            **kwargs,
+        )
+        return list(loader)
+
+    theirs = epoch(tud.DataLoader)
+    ours = epoch(minato.DataLoader, worker_method="multiprocessing")
+    assert len(ours) == len(theirs)
+    if keep_samples:
+        # Samples move between batches (sample-level batches): compare sets.
+        def indices(batches):
+            return sorted(int(image[0, 0, 0]) for batch in batches for image, _ in batch)
+
+        assert indices(ours) == indices(theirs) == list(range(160))
+        for batch in ours:
+            for image, array in batch:
+                index = int(image[0, 0, 0])
+                assert torch.all(image == index) and np.all(array == index)
+        assert counts["slot"] == 160
+        # 320 payloads held: at least five segments of 32 slots per worker.
+        assert counts["segments"] >= 10
+    else:
+        seen = []
+        for images, arrays in ours:
+            for image, array in zip(images, arrays, strict=True):
+                index = int(image[0, 0, 0])
+                seen.append(index)
+                assert torch.all(image == index) and torch.all(array == index)
+        assert sorted(seen) == list(range(160))
+        # Every sample came through a slot, and slots were reused: each
+        # worker's ring stayed within a few segments.
+        assert counts["slot"] == 160
+        assert counts["segments"] <= 6
