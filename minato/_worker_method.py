@@ -79,6 +79,11 @@ PROBE_INTERVAL_S = 0.01
 # and this many batches...
 TRIAL_MIN_S = 1.0
 TRIAL_MIN_BATCHES = 8
+# ...threads only half as long after a clear sign (the workers' GIL wait, or
+# the loop's GIL delay past the bound): every batch more on them is one the
+# GIL slows (a second of a 2.7 s epoch measured 0.1-0.2 s behind torch's
+# processes), and there the trial only guards against processes much slower.
+CLEAR_THREADS_MIN_S = 0.5
 # ...and processes keep the loader unless the loop ran this much slower on
 # them than on threads (they have been paid for: start-up, memory).
 TRIAL_TOLERANCE = 0.03
@@ -107,7 +112,10 @@ class _Arm:
 
     @property
     def complete(self) -> bool:
-        return self.intervals >= TRIAL_MIN_BATCHES and self.seconds >= TRIAL_MIN_S
+        return self.measured_for(TRIAL_MIN_S)
+
+    def measured_for(self, seconds: float) -> bool:
+        return self.intervals >= TRIAL_MIN_BATCHES and self.seconds >= seconds
 
     @property
     def rate(self) -> float:
@@ -229,8 +237,12 @@ class WorkerMethod:
         return "revert"
 
     def ready_for_processes(self) -> bool:
-        """Auto moves once the loop's rate on threads is measured."""
-        return self.requested != "auto" or self._on_threads.complete
+        """Auto moves once the loop's rate on threads is measured (sooner
+        after a clear sign, see CLEAR_THREADS_MIN_S)."""
+        if self.requested != "auto" or self._on_threads.complete:
+            return True
+        clear = self.wants_processes and not self._gain_wanted
+        return clear and self._on_threads.measured_for(CLEAR_THREADS_MIN_S)
 
     @staticmethod
     def _window_of(figures: dict[str, float], waited: float) -> _Window:

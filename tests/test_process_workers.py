@@ -660,6 +660,27 @@ def test_auto_goes_back_to_threads_when_the_loop_runs_slower_on_processes() -> N
     assert len(verdicts) == 12 + 5 + 8
 
 
+@pytest.mark.parametrize("clear", [True, False])
+def test_a_clear_sign_moves_after_half_the_threads_arm(clear: bool) -> None:
+    method = WorkerMethod("auto")
+    now = 0.0
+    method.batch_received(now)  # the first batch starts the intervals
+    if clear:
+        method._decide(True, "auto: worker threads waited for the GIL 40% of their fetch time")
+    else:
+        method._gain_wanted = True  # the loop sets the pace: processes must gain
+        method._decide(True, "auto: the training loop sets the pace ...")
+    moved_at = None
+    for _ in range(40):
+        now += 0.0625  # exact in binary: 8 of them are half a second
+        method.batch_received(now)
+        if method.ready_for_processes():
+            moved_at = now
+            break
+    # 8 batches and half a second on threads, or a whole second.
+    assert moved_at == (0.5 if clear else 1.0)
+
+
 class _Clock:
     """Stands in for the time module in minato._worker_method."""
 
