@@ -16,8 +16,9 @@ nothing views the slot any more (``default_collate`` copied the sample into
 its batch), the lease hands the slot back, and the loader returns it to the
 process with its next task. The process reuses a slot only once it is back,
 so a sample is never overwritten while anything can see it. A payload larger
-than a slot, or one that finds every slot taken (a ``collate_fn`` that keeps
-its samples), goes into fresh shared memory as before.
+than a slot, or one that finds the ring full (MAX_RING_BYTES of slots taken:
+a ``collate_fn`` that keeps its samples), goes into fresh shared memory as
+before.
 """
 
 from __future__ import annotations
