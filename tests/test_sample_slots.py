@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 
 import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import minato
 from minato import _ipc
@@ -234,3 +237,51 @@ def test_process_workers_deliver_torchs_batches_through_their_rings(
         # worker's ring stayed within a few segments.
         assert counts["slot"] == 160
         assert counts["segments"] <= 6
+
+
+# Operations on one worker process's ring: ("send", size in 16 KiB units
+# past the 64 KiB floor), ("drop", which held sample), ("task",) = the
+# loader hands the freed slots back with a task; and threads dropping
+# samples: ("drop_on_thread", which).
+_operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("send"), st.integers(0, 4)),
+        st.tuples(st.just("drop"), st.integers(0, 1_000)),
+        st.tuples(st.just("drop_on_thread"), st.integers(0, 1_000)),
+        st.tuples(st.just("task")),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_operations)
+def test_held_samples_keep_their_values_and_every_slot_comes_back(operations) -> None:
+    ring, leases = SlotRing(), SlotLeases()
+    held: list[tuple[float, torch.Tensor]] = []
+    value = 0.0
+    for operation in operations:
+        if operation[0] == "send":
+            value += 1.0
+            elements = (64 + 16 * operation[1]) * 1024 // 4
+            held.append((value, through(torch.full((elements,), value), ring, leases)))
+        elif operation[0] in ("drop", "drop_on_thread") and held:
+            _, tensor = held.pop(operation[1] % len(held))
+            if operation[0] == "drop_on_thread":
+                dropper = threading.Thread(target=lambda t=[tensor]: t.clear())
+                del tensor
+                dropper.start()
+                dropper.join()
+            else:
+                del tensor
+        elif operation[0] == "task":
+            ring.give_back(leases.take_freed())
+        # Whatever the order, a sample still held keeps its value: its slot
+        # was never handed out again.
+        assert all(torch.all(tensor == expected) for expected, tensor in held)
+        assert len(ring.segments) * ring.segment_slots * ring.slot_bytes <= MAX_RING_BYTES
+    held.clear()
+    gc.collect()
+    ring.give_back(leases.take_freed())
+    # Every slot taken came back exactly once.
+    assert sorted(ring._free) == list(range(len(ring.segments) * ring.segment_slots))
