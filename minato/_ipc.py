@@ -83,9 +83,10 @@ class _SharingPickler(cloudpickle.Pickler):
         self.ring_slots: list[int] = []
         self.announcing: list[int] = []
 
-    def _in_ring(self, nbytes: int) -> tuple[Any, int] | None:
+    def _in_ring(self, nbytes: int) -> tuple[Any, int, torch.Tensor] | None:
         """A free slot of the ring for a payload of `nbytes`, as (its
-        segment's descriptor where the loader lacks it, the slot), or None."""
+        segment's descriptor where the loader lacks it, the slot, its bytes
+        to write the payload into), or None."""
         ring = self.ring
         if ring is None or len(self.fds) >= MAX_FDS:
             return None
@@ -101,7 +102,7 @@ class _SharingPickler(cloudpickle.Pickler):
             found = (fd_slot, size, ring.slot_bytes, segment)
             ring.announced.add(segment)
             self.announcing.append(segment)
-        return found, slot
+        return found, slot, ring.bytes_of(slot, nbytes)
 
     def unwind(self) -> None:
         """The message was not sent: its slots are free again, and the
@@ -147,9 +148,7 @@ class _SharingPickler(cloudpickle.Pickler):
         if not storage.is_shared() or storage.nbytes() > 2 * tensor.nbytes:
             in_ring = self._in_ring(tensor.nbytes)
             if in_ring is not None:
-                segment, slot = in_ring
-                assert self.ring is not None
-                raw = self.ring.bytes_of(slot, tensor.nbytes)
+                segment, slot, raw = in_ring
                 raw.view(tensor.dtype).view(tensor.shape).copy_(tensor)
                 shape = tuple(tensor.shape)
                 return _rebuild_slot_tensor, (segment, slot, tensor.nbytes, tensor.dtype, shape)
@@ -167,10 +166,9 @@ class _SharingPickler(cloudpickle.Pickler):
     def _array(self, data: np.ndarray) -> Any:
         in_ring = self._in_ring(data.nbytes)
         if in_ring is not None:
-            segment, slot = in_ring
-            assert self.ring is not None
-            raw = self.ring.bytes_of(slot, data.nbytes).numpy()
-            np.copyto(raw.view(data.dtype).reshape(data.shape), data, casting="no")
+            segment, slot, raw = in_ring
+            destination = raw.numpy().view(data.dtype).reshape(data.shape)
+            np.copyto(destination, data, casting="no")
             return _rebuild_slot_array, (segment, slot, data.nbytes, data.dtype, data.shape)
         shared = self._fresh(data.nbytes)
         raw = torch.empty((0,), dtype=torch.uint8).set_(shared, 0, (data.nbytes,)).numpy()

@@ -100,17 +100,17 @@ class SlotRing:
 
 class _Lease:
     """One slot's bytes, as numpy sees them (its ``__array_interface__``):
-    every array and tensor made from it keeps it, and so the ring's mapping,
-    alive; when the last is gone, the slot goes back to its ring."""
+    every array and tensor made from it keeps it, and so the ring's mappings
+    (its `SlotLeases`), alive; when the last is gone, the slot goes back to
+    its ring."""
 
-    __slots__ = ("__array_interface__", "_leases", "_segment", "_slot")
+    __slots__ = ("__array_interface__", "_leases", "_slot")
 
     def __init__(self, leases: SlotLeases, slot: int, nbytes: int) -> None:
         self._leases = leases
         self._slot = slot
-        # Its segment's mapping, kept while any view of the slot lives.
-        self._segment, index = leases.segment_and_index(slot)
-        address = self._segment.data_ptr() + index * leases.slot_bytes
+        segment, index = leases.segment_and_index(slot)
+        address = segment.data_ptr() + index * leases.slot_bytes
         self.__array_interface__ = {
             "shape": (nbytes,),
             "typestr": "|u1",
