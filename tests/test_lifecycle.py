@@ -76,7 +76,11 @@ def test_persistent_workers_reuse_the_iterator_and_threads() -> None:
             idents.append(threading.get_ident())
             return i
 
-    loader = minato.DataLoader(Recording(12), batch_size=3, num_workers=2, persistent_workers=True)
+    # A fixed pool: an adaptive one may grow on a busy machine (seen under
+    # load: 3-4 threads), which is not what this test is about.
+    loader = minato.DataLoader(
+        Recording(12), batch_size=3, num_workers=2, persistent_workers=True, adaptive=False
+    )
     first = iter(loader)
     epoch1 = [b.tolist() for b in first]
     threads_after_epoch1 = os_thread_count()
@@ -206,11 +210,14 @@ def test_threads_exit_after_a_finished_epoch() -> None:
     assert os_thread_count() == before + 4
     list(it)
     assert os_thread_count() == before
-    # An adaptive pool adds a monitor thread; it goes with the workers.
+    # An adaptive pool adds a monitor thread; it goes with the workers. CI
+    # once saw one thread more right after the epoch (not reproduced here,
+    # even beside two busy processes): a thread the shutdown's grace left to
+    # exit on its own would do that, so this half waits for the count.
     it = iter(minato.DataLoader(RangeDataset(30), batch_size=4, num_workers=4))
     assert os_thread_count() > before + 4
     list(it)
-    assert os_thread_count() == before
+    assert wait_for_thread_count(before) == before
 
 
 def test_threads_exit_after_break() -> None:
