@@ -9,6 +9,8 @@
 (d) minato with (b)'s program unchanged but for the import: the PIL pipeline,
     the same arguments, minato's defaults for everything else (the common
     case, where Python workers may share the GIL with the training loop);
+(d+) (d) with worker_method="multiprocessing" (minato's worker processes,
+    not its automatic choice);
 (e), (f) torch's DataLoader (pin_memory) and minato (device="cuda") on images
     decoded ahead: the loader's own work alone, the GPU the bottleneck.
 
@@ -24,6 +26,7 @@ channels_last, SGD. Prints images/s and mean GPU utilisation (NVML through
 torch.cuda.utilization, else nvidia-smi) for each.
 
     python benchmarks/gpu_train.py [--images 2048] [--steps 100] [--batch 128] [--trace t.json.gz]
+    python benchmarks/gpu_train.py --only b d d+     # (a) always runs
     python benchmarks/gpu_train.py --device cpu --model resnet18 --images 64 --steps 3 --batch 8
         (a smoke run of the script itself on a machine without a GPU)
 """
@@ -31,6 +34,7 @@ torch.cuda.utilization, else nvidia-smi) for each.
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import io
 import json
@@ -328,6 +332,12 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--alone-batches", type=int, default=30)
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="ROW",
+        help="run only these rows (letters: a b c d d+ e f); (a) always runs",
+    )
     parser.add_argument("--trace", help="profile (c) and (f) and write their Chrome traces here")
     parser.add_argument(
         "--ab-thread-limit",
@@ -403,6 +413,9 @@ def main() -> None:
         "(b) torch DataLoader + PIL": lambda: pil_loader(tud.DataLoader),
         "(c) minato + minato.io, device=cuda": minato_io_loader,
         "(d) minato + PIL, torch's arguments": lambda: pil_loader(minato.DataLoader),
+        "(d+) (d), worker_method='multiprocessing'": lambda: pil_loader(
+            functools.partial(minato.DataLoader, worker_method="multiprocessing")
+        ),
         "(e) torch, decoded ahead, pin_memory": lambda: decoded_loader(
             tud.DataLoader, pin_memory=cuda
         ),
@@ -427,7 +440,8 @@ def main() -> None:
             stats[name.split()[0]] = loader.stats()
 
     for name, build in loaders.items():
-        run(name, build)
+        if args.only is None or name[1 : name.index(")")] in args.only:
+            run(name, build)
     if args.ab_thread_limit:
         without_thread_limit()
         run(
@@ -446,7 +460,7 @@ def main() -> None:
         print(f"  {name:<40} {rate:8.1f} images/s  {rate / best:6.1%} of (a)  GPU util {gpu}{data}")
     for label, text in stats.items():
         print(f"\n{label} stats:\n{text}")
-    if args.trace and cuda:
+    if args.trace and cuda and args.only is None:
         for name in (
             "(c) minato + minato.io, device=cuda",
             "(f) minato, decoded ahead, device=cuda",

@@ -16,10 +16,16 @@ For each case, every system side by side in one run:
 - ratio = total / max(data, steps): 1.0 is perfect overlap;
 - step x: the mean step inside the loop against the step alone.
 
+With ``--device cuda`` the step is real GPU work: the tiny ops run on the
+GPU (each a kernel launch), the batch is copied there, and matmuls sized to
+the same share run before a synchronize (which waits with the GIL
+released).
+
 Cases: compute-bound (a step is 1.5x the data time of a batch, measured on
 torch with the same worker count) and data-bound (0.3x), 1 and 2 workers.
 
     python benchmarks/neighbour.py [--batches 40] [--only compute] [--workers 1 2]
+    python benchmarks/neighbour.py --device cuda --workers 2 8
 """
 
 from __future__ import annotations
@@ -65,33 +71,68 @@ class ImageNetLike(tud.Dataset):
 
 
 class Step:
-    """`ops` tiny torch ops (dispatch, the GIL held), then a sleep of
-    GPU_SHARE times their duration alone (the device's share, the GIL
-    released)."""
+    """`ops` tiny torch ops (dispatch, the GIL held), then the device's share,
+    GPU_SHARE times their duration alone, the GIL released: a sleep on the
+    CPU; on a GPU (``--device cuda``) the ops and the batch's copy run
+    there, then matmuls sized to that share and a synchronize."""
 
-    def __init__(self, ops: int) -> None:
+    def __init__(self, ops: int, device: torch.device) -> None:
         self.ops = ops
-        self.weight = torch.ones(8)
+        self.device = device
+        self.weight = torch.ones(8, device=device)
+        self.matmuls = 0
         self.device_s = 0.0
-        self.device_s = GPU_SHARE * min(self._dispatch() for _ in range(5))
+        dispatch = min(self._dispatch() for _ in range(5))
+        self.device_s = GPU_SHARE * dispatch
+        if device.type == "cuda":
+            self.square = torch.randn(2048, 2048, device=device)
+            self.matmuls = max(1, round(self.device_s / self._one_matmul()))
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _dispatch(self) -> float:
+        self._sync()
         began = time.perf_counter()
         x = self.weight
         for _ in range(self.ops):
             x = x.mul(1.0001).add(0.0001)
+        self._sync()
         return time.perf_counter() - began
+
+    def _one_matmul(self) -> float:
+        runs = []
+        for _ in range(5):
+            self._sync()
+            began = time.perf_counter()
+            self.square @ self.square
+            self._sync()
+            runs.append(time.perf_counter() - began)
+        return min(runs)
 
     def __call__(self, batch: object) -> float:
         began = time.perf_counter()
-        self._dispatch()
-        time.sleep(self.device_s)
+        if self.device.type == "cuda":
+            if batch is not None:
+                images, labels = batch
+                images.to(self.device, non_blocking=True)
+                labels.to(self.device, non_blocking=True)
+            x = self.weight
+            for _ in range(self.ops):
+                x = x.mul(1.0001).add(0.0001)
+            for _ in range(self.matmuls):
+                self.square @ self.square
+            self._sync()  # waits with the GIL released, as a training step does
+        else:
+            self._dispatch()
+            time.sleep(self.device_s)
         return time.perf_counter() - began
 
 
-def ops_for(seconds: float) -> int:
-    """Ops whose step (ops plus sleep) takes `seconds` alone."""
-    probe = Step(2000)
+def ops_for(seconds: float, device: torch.device) -> int:
+    """Ops whose step (ops plus the device's share) takes `seconds` alone."""
+    probe = Step(2000, device)
     took = min(probe(None) for _ in range(3))
     return max(100, int(2000 * seconds / took))
 
@@ -115,8 +156,10 @@ def data_alone(system: str, dataset: tud.Dataset, workers: int) -> float:
 
 
 def steps_alone(step: Step, batches: int) -> tuple[float, float]:
+    # A batch of the loader's shape, for the copy a GPU step makes.
+    batch = (torch.zeros(BATCH, 3, 224, 224), torch.zeros(BATCH, dtype=torch.long))
     began = time.perf_counter()
-    times = [step(None) for _ in range(batches)]
+    times = [step(batch) for _ in range(batches)]
     return time.perf_counter() - began, statistics.mean(times)
 
 
@@ -141,11 +184,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--only", choices=["compute", "data"])
     parser.add_argument("--systems", nargs="+", default=["torch", "minato"])
+    parser.add_argument("--device", default="cpu", help="cuda: the steps run on a real GPU")
     args = parser.parse_args()
+    device = torch.device(args.device)
     torch.set_num_threads(1)
     print(
         f"minato {minato.__version__}, torch {torch.__version__}, {os.cpu_count()} cores, "
         f"load {os.getloadavg()[0]:.2f}"
+        + (f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
     )
     images = generate_jpegs(64)
     dataset = ImageNetLike(images, args.batches * BATCH)
@@ -155,7 +201,7 @@ def main() -> None:
         per_batch = data_alone("torch", dataset, workers) / args.batches
         for case in cases:
             share = 1.5 if case == "compute" else 0.3
-            step = Step(ops_for(share * per_batch))
+            step = Step(ops_for(share * per_batch, device), device)
             steps, step_alone = steps_alone(step, args.batches)
             print(
                 f"\n{case}-bound, {workers} worker(s): {args.batches} batches, "
