@@ -1,14 +1,15 @@
 """Which part of minato keeps 16 workers from scaling: one run, side by side.
 
 The same decode (minato.io.decode_image of generated 300-900 px JPEGs to
-224x224, as gpu_train.py's (c)) read alone, batch 128, through: a plain
+224x224, as gpu_train.py's (c); ``--decode pil``: PIL and torchvision's
+Resize, as its (b) and (d)) read alone, batch 128, through: a plain
 ``ThreadPoolExecutor`` (the ceiling for threads), minato with a fixed pool
 (``adaptive=False``) in its default sample-level mode, without ``device=``,
 in batch-level mode (``in_order=True, sample_timeout=None``), on worker
-processes, and torch's DataLoader on processes. Each loader is read twice
+processes in either mode, and torch's DataLoader on processes. Each loader is read twice
 (the first read includes its start).
 
-    python benchmarks/scaling.py [--workers 16] [--images 2048] [--batches 25]
+    python benchmarks/scaling.py [--workers 16] [--images 2048] [--batches 25] [--decode pil]
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.utils.data as tud
-from gpu_train import MinatoImages, data_alone, generate_in_parallel
+from gpu_train import MinatoImages, PilImages, data_alone, generate_in_parallel
 
 import minato
 import minato.io
@@ -32,13 +33,20 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=2048)
     parser.add_argument("--batches", type=int, default=25)
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument(
+        "--decode",
+        choices=["minato", "pil"],
+        default="minato",
+        help="pil: gpu_train.py's (b)/(d) dataset (PIL decode, torchvision Resize)",
+    )
     args = parser.parse_args()
     images = generate_in_parallel(args.images, os.cpu_count() or 1)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
-    dataset = MinatoImages(images)
+    dataset = MinatoImages(images) if args.decode == "minato" else PilImages(images)
     print(
-        f"# scaling: {args.workers} workers, batch {args.batch}, {len(images)} JPEGs; "
+        f"# scaling: {args.decode} decode, {args.workers} workers, batch {args.batch}, "
+        f"{len(images)} JPEGs; "
         f"torch {torch.__version__}; {os.cpu_count()} cores; "
         + (torch.cuda.get_device_name() if cuda else "no GPU")
     )
@@ -72,6 +80,11 @@ def main() -> None:
             "minato, samples, worker processes",
             minato.DataLoader,
             dict(fixed, worker_method="multiprocessing"),
+        ),
+        (
+            "minato, batches, worker processes",
+            minato.DataLoader,
+            dict(fixed, worker_method="multiprocessing", in_order=True, sample_timeout=None),
         ),
         ("torch DataLoader, processes", tud.DataLoader, dict(common, pin_memory=cuda)),
     ]
