@@ -17,6 +17,7 @@ __all__ = [
     "_load_npy",
     "_load_npz",
     "_stack_into",
+    "_worker_computes_in",
 ]
 
 @final
@@ -89,6 +90,10 @@ class SampleEngine:
 
 class DecodeError(ValueError):
     """Data that minato.io cannot decode."""
+
+# --- worker threads (rust/bindings/worker.rs) ---
+
+def _worker_computes_in(pid: int | None, /) -> bool: ...
 
 # --- collate fast path (rust/bindings/collate.rs) ---
 

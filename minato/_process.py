@@ -52,6 +52,7 @@ from torch._utils import ExceptionWrapper
 
 from minato import _ipc, _zygote
 from minato._failures import SampleFailure, Skipped
+from minato._minato import _worker_computes_in
 from minato._sample_slots import SlotLeases
 from minato._worker import EXHAUSTED, WorkerSpec
 from minato._worker_method import WorkerMethod
@@ -208,9 +209,16 @@ class WorkerProcess:
         and waits for its answer (socket waits release the GIL):
         TimeoutError past `limit`, EOFError/OSError if the process died."""
         self.sock.settimeout(None)
-        _ipc.send(self.sock, (*message, self.leases.take_freed()))
-        self.sock.settimeout(limit)
-        return _ipc.recv(self.sock, self.leases)
+        # The task computes in the process while this thread waits: the
+        # engine reads the process's state to tell a computing sample from a
+        # blocked one (a computing one on a full pool gets no replacement).
+        _worker_computes_in(self.pid)
+        try:
+            _ipc.send(self.sock, (*message, self.leases.take_freed()))
+            self.sock.settimeout(limit)
+            return _ipc.recv(self.sock, self.leases)
+        finally:
+            _worker_computes_in(None)
 
     def stop(self, kill: bool = False) -> None:
         """Closes the socket (the process leaves at once, see

@@ -524,6 +524,79 @@ def test_a_slow_sample_lands_in_a_later_batch_with_processes() -> None:
     assert loader.stats().slow_samples >= 1
 
 
+class OneHeavy(Dataset):
+    """Sample 0 takes a second, computing (a busy loop) or blocked (a sleep);
+    the rest are instant."""
+
+    def __init__(self, blocks: bool) -> None:
+        self.blocks = blocks
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int) -> int:
+        if index == 0:
+            if self.blocks:
+                time.sleep(1.0)
+            else:
+                end = time.perf_counter() + 1.0
+                while time.perf_counter() < end:
+                    pass
+        return index
+
+
+class HeavyInTheSecondEpoch(tud.Sampler[int]):
+    """All but sample 0 in the first epoch (the processes start), then all."""
+
+    def __init__(self) -> None:
+        self.epochs = 0
+
+    def __len__(self) -> int:
+        return 31 if self.epochs == 0 else 32
+
+    def __iter__(self):
+        self.epochs += 1
+        return iter(range(1 if self.epochs == 1 else 0, 32))
+
+
+@pytest.mark.parametrize("blocks", [False, True], ids=["computing", "blocked"])
+def test_a_sample_computing_in_its_process_on_a_full_pool_gets_no_replacement(
+    blocks: bool,
+) -> None:
+    # The worker's thread only waits on its socket: whether the sample
+    # computes is read from its process. A process per core is a full pool.
+    workers = os.cpu_count() or 1
+    loader = minato.DataLoader(
+        OneHeavy(blocks),
+        batch_size=4,
+        sampler=HeavyInTheSecondEpoch(),
+        in_order=False,
+        num_workers=workers,
+        worker_method="multiprocessing",
+        sample_timeout=0.02,
+        adaptive=False,  # a fixed pool: only replacements change its size
+        # The processes' start (a first epoch) is past before sample 0 runs:
+        # a start can take longer than four timeouts, and gets replacements.
+        persistent_workers=True,
+    )
+    assert len(list(loader)) == 8
+    it = iter(loader)
+    batches = [[int(i) for i in next(it)]]
+    engine = it._engine
+    if blocks:
+        assert wait_until(lambda: engine.num_workers == workers + 1)
+    else:
+        # Past four timeouts many times over, still no replacement.
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            assert engine.num_workers == workers
+            time.sleep(0.01)
+    batches += [[int(i) for i in batch] for batch in it]
+    assert sorted(i for batch in batches for i in batch) == list(range(32))
+    assert loader.stats().slow_samples >= 1
+    del it, loader
+
+
 def test_auto_on_free_threaded_python_keeps_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     from minato import _worker_method
 

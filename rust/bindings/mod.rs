@@ -42,5 +42,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     io_image::register(m)?;
     io_array::register(m)?;
     io_video::register(m)?;
+    worker::register(m)?;
     Ok(())
 }

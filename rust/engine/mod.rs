@@ -41,6 +41,7 @@ pub use sequencer::Order;
 pub use stats::EngineStats;
 pub use task::{Outcome, Sample};
 pub use task_clock::{Pause, TaskClock};
+pub use thread_state::computes_in;
 
 #[cfg(test)]
 mod tests;

@@ -16,7 +16,7 @@ use super::cpu::available_cores;
 use super::error::EngineError;
 use super::task::{Done, Finished, Task};
 use super::task_clock::TaskClock;
-use super::thread_state::KernelThread;
+use super::thread_state::WorkerSite;
 use super::Outcome;
 
 /// What a worker thread runs. The engine owns the threads; an implementation
@@ -71,8 +71,9 @@ struct Busy {
     flagged_slow: bool,
     /// Flagged slow and given a replacement (see `PoolState::replaced`).
     replaced: bool,
-    /// Its worker's kernel thread, to tell computing from blocked.
-    thread: Option<KernelThread>,
+    /// Where it computes (its worker's thread or process), to tell
+    /// computing from blocked.
+    site: Arc<WorkerSite>,
     /// Its epoch ended while it ran: a replacement serves the next one.
     orphaned: bool,
 }
@@ -489,7 +490,7 @@ impl<W: WorkerHooks> Pool<W> {
         let now = Instant::now();
         let mut newly_flagged = 0;
         // Flagged tasks due a replacement, still without one.
-        let mut unreplaced: Vec<(usize, Instant, Option<KernelThread>)> = Vec::new();
+        let mut unreplaced: Vec<(usize, Instant, Arc<WorkerSite>)> = Vec::new();
         for (&worker, busy) in state.busy.iter_mut() {
             let limit = timeout.saturating_mul(busy.samples.max(1) as u32);
             let worked = now
@@ -504,7 +505,7 @@ impl<W: WorkerHooks> Pool<W> {
                 && !busy.orphaned
                 && worked > limit.saturating_mul(REPLACE_AFTER_TIMEOUTS)
             {
-                unreplaced.push((worker, busy.started, busy.thread));
+                unreplaced.push((worker, busy.started, busy.site.clone()));
             }
         }
         state.flagged += newly_flagged;
@@ -516,10 +517,7 @@ impl<W: WorkerHooks> Pool<W> {
             drop(state);
             let replace: Vec<(usize, Instant)> = unreplaced
                 .into_iter()
-                .filter(|(_, _, thread)| {
-                    let computing = thread.and_then(KernelThread::is_runnable) == Some(true);
-                    !(full && computing)
-                })
+                .filter(|(_, _, site)| !(full && site.is_computing() == Some(true)))
                 .map(|(worker, started, _)| (worker, started))
                 .collect();
             state = self.shared.state();
@@ -593,7 +591,7 @@ fn worker_main<W: WorkerHooks>(
     let shared = live.shared.clone();
     let mut retired = false;
     let clock = TaskClock::default();
-    let kernel_thread = KernelThread::current();
+    let site = WorkerSite::register_current();
     hooks.enter_thread(worker_id, &mut || {
         let mut state = catch_unwind(AssertUnwindSafe(|| hooks.init(worker_id)))
             .map_err(|payload| panic_message(&*payload));
@@ -626,7 +624,7 @@ fn worker_main<W: WorkerHooks>(
                     samples: task.samples,
                     flagged_slow: false,
                     replaced: false,
-                    thread: kernel_thread,
+                    site: site.clone(),
                     orphaned: false,
                 };
                 shared.state().busy.insert(worker_id, busy);
