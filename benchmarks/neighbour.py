@@ -92,12 +92,15 @@ class Step:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _dispatch(self) -> float:
-        self._sync()
-        began = time.perf_counter()
+    def _ops(self) -> None:
         x = self.weight
         for _ in range(self.ops):
             x = x.mul(1.0001).add(0.0001)
+
+    def _dispatch(self) -> float:
+        self._sync()
+        began = time.perf_counter()
+        self._ops()
         self._sync()
         return time.perf_counter() - began
 
@@ -118,9 +121,7 @@ class Step:
                 images, labels = batch
                 images.to(self.device, non_blocking=True)
                 labels.to(self.device, non_blocking=True)
-            x = self.weight
-            for _ in range(self.ops):
-                x = x.mul(1.0001).add(0.0001)
+            self._ops()
             for _ in range(self.matmuls):
                 self.square @ self.square
             self._sync()  # waits with the GIL released, as a training step does

@@ -40,8 +40,7 @@ impl KernelThread {
     /// opposed to sleeping or blocked; None when it cannot be read (the
     /// thread has exited, say).
     pub fn is_runnable(self) -> Option<bool> {
-        let stat = std::fs::read_to_string(format!("/proc/self/task/{}/stat", self.0)).ok()?;
-        runnable_from_stat(&stat)
+        runnable_at(&format!("/proc/self/task/{}/stat", self.0))
     }
 }
 
@@ -78,10 +77,7 @@ impl WorkerSite {
         match self.process.load(Ordering::Acquire) {
             0 => self.thread?.is_runnable(),
             // The process's main thread, which runs its tasks.
-            pid => {
-                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-                runnable_from_stat(&stat)
-            }
+            pid => runnable_at(&format!("/proc/{pid}/stat")),
         }
     }
 }
@@ -98,6 +94,12 @@ pub fn computes_in(pid: Option<u32>) -> bool {
         }
         None => false,
     })
+}
+
+/// Whether the thread whose `stat` file is at `path` is runnable; None when
+/// it cannot be read (the thread or process has exited, say).
+fn runnable_at(path: &str) -> Option<bool> {
+    runnable_from_stat(&std::fs::read_to_string(path).ok()?)
 }
 
 /// The state field of a `/proc/<pid>/task/<tid>/stat` line: `R` is running
