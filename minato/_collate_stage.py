@@ -68,11 +68,22 @@ def draws_no_random(collate_fn: Callable[[list[Any]], Any]) -> bool:
 
 
 def sample_collator(
-    collate_fn: Callable[[list[Any]], Any], *, pin: bool, device: str | None, base_seed: int
+    collate_fn: Callable[[list[Any]], Any],
+    *,
+    pin: bool,
+    device: str | None,
+    base_seed: int = 0,
+    own_thread: bool = True,
 ) -> Callable[[list[tuple[int, Any]]], tuple[list[int], int, Any, BaseException | None]]:
     """The sample engine's collate stage: ``[(tag, sample), ...]`` to ``(tags,
     sample count, the batch or a Failure, the collate error or None)``. A
-    collate error is handed back for the consumer to name the samples' indices."""
+    collate error is handed back for the consumer to name the samples' indices.
+
+    `own_thread`: it runs on the loader's collate thread, which it sets up as
+    a worker process is set up (one intra-op thread, generators of its own).
+    Otherwise it runs on the consumer's thread, a cheap batch of a collate
+    that draws no random numbers: that thread, the training loop's, keeps its
+    intra-op threads and generators."""
     local = threading.local()
 
     def generator() -> ThreadGenerator:
@@ -91,7 +102,7 @@ def sample_collator(
     no_random = draws_no_random(collate_fn)
 
     def collate(data: list[tuple[int, Any]]) -> tuple[list[int], int, Any, BaseException | None]:
-        if not getattr(local, "limited", False):
+        if own_thread and not getattr(local, "limited", False):
             # One intra-op thread, as torch's workers (which collate) and its
             # pin-memory thread have: not a team spinning beside the workers.
             limit_thread_intra_op(1)
@@ -102,7 +113,7 @@ def sample_collator(
             if isinstance(sample, ExceptionWrapper):
                 return tags, 0, Failure(sample), None
         try:
-            if no_random:
+            if no_random or not own_thread:
                 batch = collate_fn(samples)
             else:
                 with generator():

@@ -643,7 +643,11 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             ),
             # A cheap batch of torch's default_collate may be collated here:
             # the collate thread's GIL hand-over would cost this thread more.
-            collate_deferrable=not self._pin_memory and draws_no_random(self._collate_fn),
+            collate_here=(
+                sample_collator(self._collate_fn, pin=False, device=None, own_thread=False)
+                if not self._pin_memory and draws_no_random(self._collate_fn)
+                else None
+            ),
             skipped_type=Skipped,
             drop_last=self._drop_last,
             num_workers=self._starting_workers(loader),

@@ -51,14 +51,16 @@ class Engine:
 class SampleEngine:
     """Worker threads loading single samples (``make_worker(id)(epoch, indices)``),
     delivering batches built from whichever samples are ready first, each
-    made by ``collate(samples)`` on the engine's collate thread."""
+    made by ``collate(samples)`` on the engine's collate thread, or, where
+    ``collate_here`` is given, a cheap batch by ``collate_here(samples)`` on
+    the consumer's thread."""
 
     def __new__(
         cls,
         make_worker: Callable[[int], Callable[[int, list[Any]], list[Any]]],
         collate: Callable[[list[Any]], Any],
         *,
-        collate_deferrable: bool,
+        collate_here: Callable[[list[Any]], Any] | None,
         skipped_type: type,
         num_workers: int,
         max_samples_in_flight: int,

@@ -158,3 +158,51 @@ def test_a_costly_collate_stays_off_the_consumers_thread() -> None:
     # prefetch bound of 2 x 2, and one or two more that the first ones made
     # room for), the waiting consumer collates; after that, never.
     assert threads.count(threading.get_ident()) <= 8
+
+
+def _intra_op_threads_after_epochs(loader_type, **options) -> list[int]:
+    counts = [torch.get_num_threads()]
+    loader = loader_type(RangeDataset(64), batch_size=4, num_workers=2, **options)
+    for _ in range(2):
+        assert sum(len(batch) for batch in loader) == 64
+        counts.append(torch.get_num_threads())
+    del loader
+    return counts
+
+
+@pytest.mark.parametrize("method", ["thread", "multiprocessing"])
+@pytest.mark.parametrize("shuffle", [True, False], ids=["sample-level", "batch-level"])
+@pytest.mark.parametrize("pin", [False, True], ids=["unpinned", "pinned"])
+@pytest.mark.parametrize(
+    "collate", ["default", "marked-no-random", "custom"], ids=lambda name: f"{name}-collate"
+)
+def test_the_training_threads_intra_op_threads_are_its_own(
+    monkeypatch, method: str, shuffle: bool, pin: bool, collate: str
+) -> None:
+    """torch limits its worker processes to one intra-op thread, never the
+    training loop's: after epochs of minato, on every path (threads or
+    processes, batches built by sample or by batch, pinned or not, a cheap
+    batch collated by the consumer or not), the loop's thread keeps its count,
+    as after torch's."""
+    if pin:
+        # Pinning needs an accelerator: stand one in, pinning as a no-op.
+        monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+        monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: None)
+        monkeypatch.setattr(_collate_stage, "pinned", lambda batch, device: batch)
+    collate_fn = {
+        "default": None,
+        "marked-no-random": marked_no_random(lambda samples: default_collate(samples)),
+        "custom": lambda samples: default_collate(samples),
+    }[collate]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        options = dict(shuffle=shuffle, collate_fn=collate_fn)
+        theirs = _intra_op_threads_after_epochs(torch.utils.data.DataLoader, **options)
+        ours = _intra_op_threads_after_epochs(
+            minato.DataLoader, **options, pin_memory=pin, worker_method=method
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert theirs == [2, 2, 2]
+    assert ours == theirs

@@ -18,13 +18,16 @@ type Engine = SampleEngine<Py<PyAny>, PyResult<Py<PyAny>>, PythonSampleWorker, P
 
 /// Worker threads loading single samples (`make_worker(id)(epoch, indices)`),
 /// delivering batches built from whichever samples are ready first, each
-/// made by `collate(samples)` on the engine's collate thread.
+/// made by `collate(samples)` on the engine's collate thread, or, where
+/// `collate_here` is given, a cheap batch by `collate_here(samples)` on the
+/// consumer's thread (a function that leaves that thread's settings alone).
 #[pyclass(name = "SampleEngine", module = "minato._minato", frozen)]
 pub(crate) struct PySampleEngine {
     engine: Locked<Engine>,
     gil_wait: GilWait,
-    /// The collate stage, for the batches left to the consumer.
-    collate: Py<PyAny>,
+    /// The consumer's collate stage, for the batches left to it (none are
+    /// without `collate_here`: then this is the collate thread's, unused).
+    collate_here: Py<PyAny>,
     collate_cost: CollateCost,
 }
 
@@ -32,12 +35,12 @@ pub(crate) struct PySampleEngine {
 impl PySampleEngine {
     #[new]
     #[allow(clippy::too_many_arguments)] // one per keyword argument
-    #[pyo3(signature = (make_worker, collate, *, collate_deferrable, skipped_type, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace, max_workers=None, drop_last=false))]
+    #[pyo3(signature = (make_worker, collate, *, collate_here, skipped_type, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace, max_workers=None, drop_last=false))]
     fn new(
         py: Python<'_>,
         make_worker: Py<PyAny>,
         collate: Py<PyAny>,
-        collate_deferrable: bool,
+        collate_here: Option<Py<PyAny>>,
         skipped_type: Py<PyAny>,
         num_workers: usize,
         max_samples_in_flight: usize,
@@ -79,9 +82,11 @@ impl PySampleEngine {
             gil_wait: gil_wait.clone(),
         };
         let collate_cost = CollateCost::default();
+        let deferrable = collate_here.is_some();
+        let collate_here = collate_here.unwrap_or_else(|| collate.clone_ref(py));
         let stage = PythonCollate {
-            collate: collate.clone_ref(py),
-            deferrable: collate_deferrable,
+            collate,
+            deferrable,
             cost: collate_cost.clone(),
         };
         let engine = detach(py, || Engine::start_collating(config, hooks, stage))
@@ -89,7 +94,7 @@ impl PySampleEngine {
         Ok(PySampleEngine {
             engine: Locked::new(engine),
             gil_wait,
-            collate,
+            collate_here,
             collate_cost,
         })
     }
@@ -155,7 +160,7 @@ impl PySampleEngine {
             match batch {
                 PyBatch::Collated(batch) => batch,
                 PyBatch::Deferred(samples) => {
-                    PythonCollate::collate_now(&self.collate, &self.collate_cost, py, samples)
+                    PythonCollate::collate_now(&self.collate_here, &self.collate_cost, py, samples)
                 }
             }
         })
