@@ -319,6 +319,12 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         self._init_delivery(loader)
         self._reset(loader, first_iter=True)
 
+    @property
+    def kind(self) -> tuple[type, bool]:
+        """Its class and whether whole batches keep the sampler's order (see
+        DataLoader._iterator_kind)."""
+        return type(self), self._in_order
+
     def _worker_spec(self, loader: DataLoader) -> WorkerSpec:
         return WorkerSpec(
             dataset=self._dataset,

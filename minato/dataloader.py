@@ -196,9 +196,6 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             )
         # Fails here, not at the first batch, when the device cannot be had.
         resolve_device(device)
-        # Set before torch's constructor, whose validation may raise: whether
-        # the user chose the batches decides how far they may be reordered.
-        self._batch_sampler_given = batch_sampler is not None
         super().__init__(
             dataset,
             batch_size,
@@ -294,7 +291,20 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             return not self.in_order
         if torch.are_deterministic_algorithms_enabled():
             return False
-        return sampler_shuffles(self.sampler)
+        # A batch sampler of the user's (given, or swapped in after
+        # construction, as timm's MultiEpochsDataLoader swaps in an endless
+        # one) decides what a batch and an epoch are: its order is kept.
+        return sampler_shuffles(self.sampler) and self._batches_from_own_sampler()
+
+    def _batches_from_own_sampler(self) -> bool:
+        """Whether batches are torch's ``BatchSampler`` over this loader's
+        own sampler (or single samples, without auto-collation), as the
+        loader is now: only then may single samples move between batches."""
+        batch_sampler = self.batch_sampler
+        return batch_sampler is None or (
+            type(batch_sampler) is torch.utils.data.BatchSampler
+            and batch_sampler.sampler is self.sampler
+        )
 
     def deals_in_turn(self) -> bool:
         """Whether batches go to a fixed pool of workers in turn, as torch
@@ -305,26 +315,42 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             return True
         return not self.reorders() and torch.are_deterministic_algorithms_enabled()
 
-    def _get_iterator(self) -> torch.utils.data.dataloader._BaseDataLoaderIter:
+    def __iter__(self) -> torch.utils.data.dataloader._BaseDataLoaderIter:
+        # torch reuses a persistent iterator; one that no longer fits the
+        # loader as it is now (a batch sampler swapped in since) is replaced.
+        iterator = self._iterator
+        if isinstance(iterator, _ThreadDataLoaderIter) and iterator.kind != self._iterator_kind():
+            self._iterator = None
+            iterator._shutdown(0.0)
+        return super().__iter__()
+
+    def _iterator_kind(self) -> tuple[type, bool]:
+        """The iterator an epoch of this loader, as it is now, runs on: its
+        class and whether whole batches keep the sampler's order."""
         if self.num_workers == 0:
-            return _CallingThreadDataLoaderIter(self)
+            return _CallingThreadDataLoaderIter, True
         if self._reorders_samples():
-            return _SampleDataLoaderIter(self)
-        if not self.reorders():
-            return _ThreadDataLoaderIter(self, in_order=True)
+            return _SampleDataLoaderIter, False
         # A user's batch_sampler decides each batch's composition, an
         # iterable dataset's workers decide theirs: only whole batches move.
-        return _ThreadDataLoaderIter(self, in_order=False)
+        return _ThreadDataLoaderIter, not self.reorders()
+
+    def _get_iterator(self) -> torch.utils.data.dataloader._BaseDataLoaderIter:
+        kind, in_order = self._iterator_kind()
+        if kind is _CallingThreadDataLoaderIter:
+            return _CallingThreadDataLoaderIter(self)
+        return kind(self, in_order=in_order)
 
     def _reorders_samples(self) -> bool:
         """Whether iterating moves single samples between batches: with
-        workers, when reordering, and only where torch's batch sampler
-        decides the batches."""
+        workers, when reordering, and only where torch's batch sampler over
+        the loader's own sampler decides the batches. Asked as each iterator
+        starts, of the loader as it is then."""
         return (
             self.num_workers > 0
             and self.reorders()
             and self._auto_collation
-            and not self._batch_sampler_given
+            and self._batches_from_own_sampler()
             and not isinstance(self.dataset, torch.utils.data.IterableDataset)
         )
 

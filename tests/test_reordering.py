@@ -303,3 +303,87 @@ def test_threads_exit_after_a_break_with_slow_samples_in_flight() -> None:
     it = engine = None  # a break: the stuck workers are left to finish their sample
     dataset.release.set()
     assert wait_for_thread_count(before) == before
+
+
+class _RepeatSampler:
+    """timm's: a sampler repeated for ever."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __iter__(self):
+        while True:
+            yield from iter(self.sampler)
+
+
+def multi_epochs_loader(base: type) -> type:
+    """timm's MultiEpochsDataLoader (timm/data/loader.py), over `base`: it
+    swaps in an endless batch sampler after construction and keeps one
+    iterator for every epoch."""
+
+    class MultiEpochsDataLoader(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._DataLoader__initialized = False
+            if self.batch_sampler is None:
+                self.sampler = _RepeatSampler(self.sampler)
+            else:
+                self.batch_sampler = _RepeatSampler(self.batch_sampler)
+            self._DataLoader__initialized = True
+            self.iterator = super().__iter__()
+
+        def __len__(self):
+            if self.batch_sampler is None:
+                return len(self.sampler.sampler)
+            return len(self.batch_sampler.sampler)
+
+        def __iter__(self):
+            for _ in range(len(self)):
+                yield next(self.iterator)
+
+    return MultiEpochsDataLoader
+
+
+class UnevenCost(tud.Dataset):
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, index: int) -> int:
+        time.sleep(0.02 if index % 3 == 0 else 0.001)
+        return index
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+def test_a_batch_sampler_swapped_in_after_construction_keeps_its_batches(
+    persistent: bool,
+) -> None:
+    """timm's --use-multi-epochs-loader: every epoch is a permutation, as
+    with torch (whole batches of the endless sampler, in its order)."""
+    epochs = {}
+    for base in (tud.DataLoader, minato.DataLoader):
+        loader = multi_epochs_loader(base)(
+            UnevenCost(),
+            batch_size=4,
+            shuffle=True,
+            num_workers=2,
+            persistent_workers=persistent,
+        )
+        epochs[base] = [sorted(int(i) for batch in loader for i in batch) for _ in range(4)]
+        del loader
+    assert epochs[tud.DataLoader] == [list(range(20))] * 4
+    assert epochs[minato.DataLoader] == epochs[tud.DataLoader]
+
+
+@pytest.mark.timeout(60)
+def test_a_persistent_loader_whose_batch_sampler_is_swapped_between_epochs() -> None:
+    """Decided as each epoch starts: a persistent iterator built for single
+    samples gives way once a batch sampler of the user's is in place."""
+    loader = minato.DataLoader(
+        UnevenCost(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True
+    )
+    assert sorted(int(i) for batch in loader for i in batch) == list(range(20))
+    loader._DataLoader__initialized = False
+    loader.batch_sampler = [[3, 2, 1, 0], [7, 6, 5, 4]]
+    loader._DataLoader__initialized = True
+    assert [batch.tolist() for batch in loader] == [[3, 2, 1, 0], [7, 6, 5, 4]]
