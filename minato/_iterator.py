@@ -35,6 +35,7 @@ from minato._process import ProcessWorkers, fork_server_ready, stop_all, warm_up
 from minato._resume import EpochStream, IterableStream, capture_epoch_rng
 from minato._stats import StatsRecorder, logger
 from minato._worker import EXHAUSTED, WorkerSpec, sample_count, worker_factory
+from minato._worker_dataset import bound_to_copies, worker_dataset
 from minato._worker_method import WorkerMethod
 from minato._worker_priority import worker_nice_value
 
@@ -326,15 +327,20 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         return type(self), self._in_order
 
     def _worker_spec(self, loader: DataLoader) -> WorkerSpec:
+        # The dataset as it is as the workers start: every worker copies this
+        # snapshot, one added later too, as torch's workers (persistent ones
+        # for the loader's life) all hold the dataset of their start.
+        copies: dict[int, Any] = {}
+        snapshot = worker_dataset(self._dataset, copies)
         return WorkerSpec(
-            dataset=self._dataset,
+            dataset=snapshot,
             is_iterable=self._dataset_kind == _DatasetKind.Iterable,
             auto_collation=self._auto_collation,
             collate_fn=self._collate_fn,
             drop_last=self._drop_last,
             num_workers=self._num_workers,
             base_seed=int(self._base_seed),
-            worker_init_fn=loader.worker_init_fn,
+            worker_init_fn=bound_to_copies(loader.worker_init_fn, copies),
             take_stream_skip=loader._progress.take_stream_skip,
             skip_errors=self._skip_errors,
             pin=self._pin_memory,

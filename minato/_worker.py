@@ -13,6 +13,7 @@ worker's id (its stream) for an iterable one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import types
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from minato._failures import (
 )
 from minato._thread_random import ThreadGenerator, bind_thread, thread_generators
 from minato._torch_threads import limit_thread_intra_op
-from minato._worker_dataset import worker_dataset
+from minato._worker_dataset import bound_to_copies, worker_dataset
 from minato._worker_info import set_thread_worker_info
 
 if TYPE_CHECKING:
@@ -145,8 +146,8 @@ def worker_factory(
         if processes is not None and processes.forced:
             # Never on this thread: no copy, no worker_init_fn here.
             return processes.runner(worker_id, samples, None)
-        dataset, own_generator = _isolate_thread(spec, worker_id)
-        run = make_runner(spec, dataset, worker_id, own_generator, samples=samples)
+        own_spec, own_generator = _isolate_thread(spec, worker_id)
+        run = make_runner(own_spec, own_spec.dataset, worker_id, own_generator, samples=samples)
         if processes is None:
             return run
         return processes.runner(worker_id, samples, run)
@@ -154,13 +155,19 @@ def worker_factory(
     return make_worker
 
 
-def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[Any, Any]:
+def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[WorkerSpec, Any]:
     """What a worker process would have of its own, for this thread: the
-    dataset (a copy that shares the data), one intra-op thread, and the
-    process-wide generators, seeded as torch seeds them; its torch generator is also
-    thread_safe_generator(). Returns the dataset and the context that
-    hands torch's random functions the thread's generator."""
-    dataset = worker_dataset(spec.dataset)
+    dataset (a copy that shares the data; a ``worker_init_fn`` that is one
+    of its methods bound to the copy), one intra-op thread, and the
+    process-wide generators, seeded as torch seeds them; its torch generator
+    is also thread_safe_generator(). Returns the spec with the thread's own
+    dataset and the context that hands torch's random functions the thread's
+    generator."""
+    copies: dict[int, Any] = {}
+    dataset = worker_dataset(spec.dataset, copies)
+    spec = dataclasses.replace(
+        spec, dataset=dataset, worker_init_fn=bound_to_copies(spec.worker_init_fn, copies)
+    )
     rng = bind_thread_rng(spec.base_seed, worker_id)
     limit_thread_intra_op(1)
     info = _torch_worker.WorkerInfo(
@@ -172,7 +179,7 @@ def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[Any, Any]:
         worker_method="thread",
     )
     set_thread_worker_info(info)
-    return dataset, ThreadGenerator(rng.torch_generator)
+    return spec, ThreadGenerator(rng.torch_generator)
 
 
 def make_runner(

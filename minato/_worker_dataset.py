@@ -19,6 +19,7 @@ value (appending to a list attribute) are still seen by every worker.
 from __future__ import annotations
 
 import copy
+import types
 from typing import Any
 
 import numpy as np
@@ -38,16 +39,32 @@ SCAN_LIMIT = 64
 _SHARED_AS_IS = (list, tuple, dict, set, frozenset, str, bytes, range, np.ndarray, torch.Tensor)
 
 
-def worker_dataset(dataset: Any) -> Any:
+def worker_dataset(dataset: Any, copies: dict[int, Any] | None = None) -> Any:
     """A copy of `dataset` for one worker; the dataset itself (with one
-    warning per type) when it cannot be copied."""
+    warning per type) when it cannot be copied. `copies`, when given, gets
+    each copied object's id mapped to its copy (see `bound_to_copies`)."""
     if isinstance(dataset, _SHARED_AS_IS) or not _has_attributes(dataset):
         return dataset
+    memo: dict[int, Any] = {}
     try:
-        return _copy(dataset, {}, 0)
+        clone = _copy(dataset, memo, 0)
     except Exception as error:  # any failure of a user's __copy__/__reduce__
         _warn_shared(dataset, error)
         return dataset
+    if copies is not None:
+        copies.update(memo)
+    return clone
+
+
+def bound_to_copies(function: Any, copies: dict[int, Any]) -> Any:
+    """`function`, bound to the copy of its object where it is a method of
+    a dataset that was copied (``worker_init_fn=dataset.open_handle``): in a
+    torch worker process it arrives pickled with the dataset, bound to that
+    process's copy."""
+    owner = getattr(function, "__self__", None)
+    if not isinstance(function, types.MethodType) or id(owner) not in copies:
+        return function
+    return types.MethodType(function.__func__, copies[id(owner)])
 
 
 def _has_attributes(value: Any) -> bool:

@@ -9,6 +9,7 @@ import copy
 import multiprocessing
 import random
 import threading
+import time
 import warnings
 from collections import Counter
 from typing import Any
@@ -361,3 +362,129 @@ def test_set_num_threads_in_a_worker_sets_that_worker_alone(loader_type: type) -
         )
     assert loaded == [3] * 8
     assert torch.get_num_threads() == before
+
+
+# ------------------------------------------- torch's test_ind_worker_queue and test_dataset_not_reset
+
+
+class IndividualWorkerQueue(tud.Dataset):
+    """torch's TestIndividualWorkerQueue: worker_init_fn is a method of the dataset."""
+
+    def __init__(self, data: list[int]) -> None:
+        self.data = data
+        self.worker_id: int | None = None
+
+    def worker_init_fn(self, worker_id: int) -> None:
+        self.worker_id = worker_id
+
+    def __getitem__(self, item: int) -> tuple[int, int]:
+        if self.worker_id is None:
+            raise RuntimeError("no handle: worker_init_fn set up another object")
+        return self.worker_id, self.data[item]
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+@pytest.mark.parametrize("method", ["thread", "multiprocessing"])
+@pytest.mark.parametrize("num_workers", [1, 3])
+def test_a_bound_method_worker_init_fn_sets_up_the_workers_own_copy(
+    method: str, num_workers: int
+) -> None:
+    batch_size = 8
+    dataset = IndividualWorkerQueue(list(range(batch_size * 12)))
+    results = {}
+    for loader_type, options in (
+        (tud.DataLoader, {}),
+        (minato.DataLoader, {"worker_method": method}),
+    ):
+        loader = loader_type(
+            dataset,
+            batch_size=batch_size,
+            shuffle=False,
+            num_workers=num_workers,
+            timeout=5,
+            worker_init_fn=dataset.worker_init_fn,
+            **options,
+        )
+        results[loader_type] = [(ids.tolist(), sample.tolist()) for ids, sample in loader]
+    for ours, theirs in zip(results[minato.DataLoader], results[tud.DataLoader], strict=True):
+        ids, sample = ours
+        assert sample == theirs[1]
+        # A whole batch from one worker, set up by its own worker_init_fn.
+        assert len(set(ids)) == 1 and 0 <= ids[0] < num_workers
+    assert dataset.worker_id is None  # the caller's dataset was never set up
+
+
+def test_a_bound_method_worker_init_fn_with_batches_dealt_in_turn_is_torchs() -> None:
+    """In deterministic mode batches go to the workers in turn, as torch
+    deals them: the worker ids are torch's test_ind_worker_queue's exactly."""
+    dataset = IndividualWorkerQueue(list(range(64)))
+    torch.use_deterministic_algorithms(True)
+    try:
+        got = {
+            loader_type: [
+                ids.tolist()
+                for ids, _ in loader_type(
+                    dataset,
+                    batch_size=8,
+                    num_workers=3,
+                    worker_init_fn=dataset.worker_init_fn,
+                )
+            ]
+            for loader_type in (tud.DataLoader, minato.DataLoader)
+        }
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert got[minato.DataLoader] == got[tud.DataLoader]
+    assert [ids[0] for ids in got[tud.DataLoader]] == [i % 3 for i in range(8)]
+
+
+class NotReset(tud.Dataset):
+    """torch's DummyDataset in test_dataset_not_reset: persistent workers
+    keep the dataset as it was when they started, whatever the caller sets
+    later. Samples divisible by 5 are slow, so that the pool gets
+    replacement workers in later epochs."""
+
+    def __init__(self) -> None:
+        self.data = list(range(40))
+        self.start = 0
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, idx: int) -> tuple[int, int]:
+        if idx % 5 == 0:
+            time.sleep(0.05)
+        return self.start, self.data[idx]
+
+
+@pytest.mark.parametrize("loader_type", [tud.DataLoader, minato.DataLoader])
+def test_persistent_workers_added_later_copy_the_dataset_of_the_start(loader_type: type) -> None:
+    dataset = NotReset()
+    options = {} if loader_type is tud.DataLoader else {"sample_timeout": 0.01}
+    loader = loader_type(
+        dataset, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True, **options
+    )
+    seen: set[int] = set()
+    for epoch in range(4):
+        delivered = []
+        for starts, data in loader:
+            seen.update(starts.tolist())
+            delivered.extend(data.tolist())
+        assert sorted(delivered) == dataset.data
+        dataset.start = epoch + 1
+    assert seen == {0}
+    if loader_type is minato.DataLoader:
+        stats = loader.stats()
+        # Slow samples got replacement workers: copies made after epoch 0.
+        assert stats.slow_samples > 0
+        assert max(count for _, count in stats.worker_history) > 2
+
+
+def test_a_fresh_loaders_workers_copy_the_dataset_of_their_epoch() -> None:
+    dataset = NotReset()
+    loader = minato.DataLoader(dataset, batch_size=4, num_workers=2)
+    for epoch in range(2):
+        dataset.start = epoch
+        assert {int(s) for starts, _ in loader for s in starts} == {epoch}
