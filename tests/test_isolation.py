@@ -364,7 +364,7 @@ def test_set_num_threads_in_a_worker_sets_that_worker_alone(loader_type: type) -
     assert torch.get_num_threads() == before
 
 
-# ------------------------------------------- torch's test_ind_worker_queue and test_dataset_not_reset
+# ------------------------ torch's test_ind_worker_queue and test_dataset_not_reset
 
 
 class IndividualWorkerQueue(tud.Dataset):
