@@ -27,6 +27,7 @@ from torch.utils.data._utils.pin_memory import pin_memory
 from minato._device import Failure
 from minato._thread_random import ThreadGenerator
 from minato._torch_threads import limit_thread_intra_op
+from minato._worker_error import WorkerError
 
 # The collate thread's generators are seeded as a worker with this id would
 # be: above any pool's size, so never a worker's seed.
@@ -55,7 +56,7 @@ def pinning(run: Callable[[int, Any], Any], device: str | None) -> Callable[[int
         try:
             batch = pinned(batch, device)
         except Exception:
-            return tag, ExceptionWrapper(where=PIN_WHERE)
+            return tag, WorkerError(where=PIN_WHERE)
         return tag, (samples, batch, failures)
 
     return run_pinned
@@ -124,7 +125,7 @@ def sample_collator(
             try:
                 batch = pinned(batch, device)
             except Exception:
-                return tags, 0, Failure(ExceptionWrapper(where=PIN_WHERE)), None
+                return tags, 0, Failure(WorkerError(where=PIN_WHERE)), None
         return tags, len(samples), batch, None
 
     return collate

@@ -55,6 +55,7 @@ from minato._failures import SampleFailure, Skipped
 from minato._minato import _worker_computes_in
 from minato._sample_slots import SlotLeases
 from minato._worker import EXHAUSTED, WorkerSpec
+from minato._worker_error import WorkerError
 from minato._worker_method import WorkerMethod
 
 
@@ -469,7 +470,7 @@ class _Remote:
     def _wrapper(self, error: RuntimeError, index: Any) -> ExceptionWrapper:
         noun = "sample indices" if isinstance(index, list) else "sample index"
         what = "" if index is None else f" ({noun} {index})"
-        return ExceptionWrapper(
+        return WorkerError(
             exc_info=(RuntimeError, error, None),
             where=f"in DataLoader worker process {self.worker_id}{what}",
         )

@@ -2,8 +2,9 @@
 
 The Rust engine calls ``make_worker(worker_id)`` once on each worker thread
 and the returned ``run(epoch, index)`` for each task. ``run`` never raises
-for a dataset or collate error: it returns torch's ``ExceptionWrapper``, which
-the consumer re-raises in order, as torch does; with ``on_error="skip"`` a
+for a dataset or collate error: it returns torch's ``ExceptionWrapper`` (a
+`WorkerError`, formatted off this thread), which the consumer re-raises in
+order, as torch does; with ``on_error="skip"`` a
 failing sample is left out and its `SampleFailure` handed back beside the
 batch (see minato._failures). Every result carries a tag (see
 minato._resume): the one its index came with for a map-style dataset, the
@@ -35,6 +36,7 @@ from minato._failures import (
 from minato._thread_random import ThreadGenerator, bind_thread, thread_generators
 from minato._torch_threads import limit_thread_intra_op
 from minato._worker_dataset import bound_to_copies, worker_dataset
+from minato._worker_error import WorkerError
 from minato._worker_info import set_thread_worker_info
 
 if TYPE_CHECKING:
@@ -202,7 +204,7 @@ def make_runner(
             fetcher_type = _IterableFetcher if spec.is_iterable else _MapFetcher
             fetcher = fetcher_type(spec, dataset, worker_id)
     except Exception:
-        init_error = ExceptionWrapper(where=_where(worker_id))
+        init_error = WorkerError(where=_where(worker_id))
 
     def failure() -> ExceptionWrapper | None:
         nonlocal init_error
@@ -210,7 +212,7 @@ def make_runner(
             error, init_error = init_error, None
             return error
         if fetcher is None:
-            return ExceptionWrapper(
+            return WorkerError(
                 exc_info=(RuntimeError, RuntimeError("worker set-up failed"), None),
                 where=_where(worker_id),
             )
@@ -260,19 +262,19 @@ class _MapFetcher:
             try:
                 data = dataset[index]
             except Exception:
-                return ExceptionWrapper(where=_where(self.worker_id, index))
+                return WorkerError(where=_where(self.worker_id, index))
         elif self.getitems is not None:
             try:
                 data = self.getitems(index)
             except Exception:
-                return ExceptionWrapper(where=_where(self.worker_id, index))
+                return WorkerError(where=_where(self.worker_id, index))
         else:
             data = []
             for i in index:
                 try:
                     data.append(dataset[i])
                 except Exception:
-                    return ExceptionWrapper(where=_where(self.worker_id, i))
+                    return WorkerError(where=_where(self.worker_id, i))
         return self._collate(data, index, [])
 
     def _fetch_skipping(self, index: Any) -> Any:
@@ -287,7 +289,7 @@ class _MapFetcher:
         try:
             batch = self.collate_fn(data)
         except Exception:
-            return ExceptionWrapper(where=_where(self.worker_id, index, collating=True))
+            return WorkerError(where=_where(self.worker_id, index, collating=True))
         return sample_count(data, self.auto_collation), batch, failures
 
     def fetch_samples(self, indices: list[Any]) -> list[Any]:
@@ -299,14 +301,14 @@ class _MapFetcher:
             try:
                 return list(self.getitems(indices))
             except Exception:
-                return [ExceptionWrapper(where=_where(self.worker_id, indices))] * len(indices)
+                return [WorkerError(where=_where(self.worker_id, indices))] * len(indices)
         dataset = self.dataset
         samples = []
         for i in indices:
             try:
                 samples.append(dataset[i])
             except Exception:
-                samples.append(ExceptionWrapper(where=_where(self.worker_id, i)))
+                samples.append(WorkerError(where=_where(self.worker_id, i)))
         return samples
 
 
@@ -356,7 +358,7 @@ class _IterableFetcher:
                     self.ended = True
                     return EXHAUSTED
         except Exception:
-            return ExceptionWrapper(where=_where(self.worker_id))
+            return WorkerError(where=_where(self.worker_id))
         return self._collate(data, [])
 
     def _next_batch_skipping(self, index: Any) -> Any:
@@ -377,4 +379,4 @@ class _IterableFetcher:
         try:
             return sample_count(data, spec.auto_collation), spec.collate_fn(data), failures
         except Exception:
-            return ExceptionWrapper(where=_where(self.worker_id))
+            return WorkerError(where=_where(self.worker_id))
