@@ -18,6 +18,11 @@ logger = logging.getLogger("minato")
 # The hint that the dataset holds the GIL is given when workers spent more
 # than this share of their fetch time waiting for it...
 GIL_BOUND_SHARE = 0.5
+# ...and either waited at least this long in all (a share of microseconds
+# is no sign)...
+GIL_HINT_MIN_WAIT_S = 1.0
+# ...or the training loop waited for data at least this share of its time...
+GIL_HINT_MIN_STARVED_SHARE = 0.1
 # ...and only once enough was loaded to judge.
 GIL_HINT_MIN_SAMPLES = 100
 # Skipped samples' records kept for stats(): the most recent ones (the count is exact).
@@ -261,12 +266,16 @@ class StatsRecorder:
 
     def check_gil(self) -> None:
         """Logs, once, that the dataset's Python code serialises the workers
-        when they spend most of their fetch time waiting for the GIL."""
+        when they spend most of their fetch time waiting for the GIL, and
+        either that wait is long in all or the training loop waits for data."""
         if self.gil_hint_given:
             return
         stats = self.snapshot()
         share = stats.gil_share
         if stats.samples < GIL_HINT_MIN_SAMPLES or share is None or share < GIL_BOUND_SHARE:
+            return
+        starved = stats.starved >= GIL_HINT_MIN_STARVED_SHARE * stats.elapsed
+        if stats.gil_wait < GIL_HINT_MIN_WAIT_S and not starved:
             return
         self.gil_hint_given = True
         logger.warning(

@@ -138,12 +138,22 @@ class _FakeEngine:
         return self.figures
 
 
-@pytest.mark.parametrize("gil_wait,hinted", [(0.8, True), (0.2, False)])
-def test_the_gil_hint_is_logged_once_when_gil_wait_dominates(caplog, gil_wait, hinted) -> None:
+@pytest.mark.parametrize(
+    "gil_wait,busy,starved,hinted",
+    [
+        (0.8, 1.0, 1.0, True),  # the loop waited for data
+        (1.6, 2.0, 0.0, True),  # a long wait in all
+        (0.2, 1.0, 1.0, False),  # a small share of the fetch time
+        (0.03, 0.04, 0.0, False),  # a share of almost nothing, the loop never waiting
+    ],
+)
+def test_the_gil_hint_is_logged_once_when_gil_wait_dominates(
+    caplog, gil_wait, busy, starved, hinted
+) -> None:
     recorder = StatsRecorder()
-    recorder.engine_started(_FakeEngine(gil_wait=gil_wait, busy=1.0))
+    recorder.engine_started(_FakeEngine(gil_wait=gil_wait, busy=busy))
     for _ in range(200):
-        recorder.delivered(1, 0.0)
+        recorder.delivered(1, starved / 200)
     with caplog.at_level(logging.WARNING, logger="minato"):
         recorder.check_gil()
         recorder.check_gil()
@@ -237,3 +247,35 @@ def test_a_hung_sample_does_not_grow_the_pool() -> None:
         if count > before and 0.8 < at < 2.8
     ]
     assert not grown_while_hung, history
+
+
+class PurePython(RangeDataset):
+    def __getitem__(self, i):
+        total = 0
+        for k in range(3_000):
+            total += k % 7
+        return i + total * 0
+
+
+class Cheap(RangeDataset):
+    """Trainer-like: tokenised samples taken from a list, microseconds each."""
+
+
+def _gil_hints(caplog, dataset, step_s: float | None) -> list[str]:
+    loader = minato.DataLoader(
+        dataset, batch_size=4, num_workers=8, adaptive=False, worker_method="thread"
+    )
+    with caplog.at_level(logging.WARNING, logger="minato"):
+        for _ in loader:
+            if step_s is not None:
+                time.sleep(step_s)  # the training step
+    return [r.getMessage() for r in caplog.records if "GIL" in r.getMessage()]
+
+
+def test_no_gil_hint_for_cheap_samples_and_a_loop_that_never_waits(caplog) -> None:
+    assert _gil_hints(caplog, Cheap(1200), step_s=0.005) == []
+
+
+def test_the_gil_hint_for_a_gil_bound_dataset_that_starves_the_loop(caplog) -> None:
+    hints = _gil_hints(caplog, PurePython(16_000), step_s=None)
+    assert len(hints) == 1 and "keep num_workers small" in hints[0]
