@@ -389,6 +389,7 @@ _SCRIPT = textwrap.dedent(
     iterator = iter(loader)
     next(iterator)
     print("ready", flush=True)
+    sys.stdin.readline()  # the test has counted the worker processes
     if sys.argv[1] == "exit":
         sys.exit(0)
     for _ in iterator:
@@ -405,12 +406,20 @@ def test_no_worker_process_outlives_its_loaders_process(how: str, tmp_path: Path
     mark = f"{how}-{os.getpid()}-{time.monotonic_ns()}"
     env = {**os.environ, MARK: mark}
     child = subprocess.Popen(
-        [sys.executable, str(script), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        [sys.executable, str(script), how],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
     )
     try:
-        assert child.stdout is not None
+        assert child.stdout is not None and child.stdin is not None
         assert child.stdout.readline().strip() == b"ready"
-        assert len(processes_marked(mark)) >= 3  # the fork server and 2 workers
+        # The fork server and 2 workers; each worker starts its process with
+        # its first task: the second may still be starting at the first batch.
+        assert wait_until(lambda: len(processes_marked(mark)) >= 3), processes_marked(mark)
+        child.stdin.write(b"go\n")
+        child.stdin.flush()
         if how == "ctrl-c":
             child.send_signal(signal.SIGINT)
         elif how == "kill -9":
