@@ -114,7 +114,11 @@ class _SharingPickler(cloudpickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         # Exact types: subclasses (nn.Parameter, masked arrays) keep their own pickling.
         if type(obj) is torch.Tensor and _plain_tensor(obj):
-            if obj.nbytes < SHARE_MIN_BYTES or not self.share or len(self.fds) >= MAX_FDS:
+            # A tensor already in shared memory stays shared, however small:
+            # a dataset's epoch counter updated in place (Hugging Face's
+            # set_epoch) must reach persistent workers, as torch's.
+            small = obj.nbytes < SHARE_MIN_BYTES and not obj.untyped_storage().is_shared()
+            if small or not self.share or len(self.fds) >= MAX_FDS:
                 return _small_tensor(obj)
             reduced = self._tensor(obj)
             if reduced is not NotImplemented:
@@ -144,8 +148,11 @@ class _SharingPickler(cloudpickle.Pickler):
 
     def _tensor(self, tensor: torch.Tensor) -> Any:
         storage = tensor.untyped_storage()
-        # A view of a much larger storage is copied alone, not its whole base.
-        if not storage.is_shared() or storage.nbytes() > 2 * tensor.nbytes:
+        # A view of a much larger storage is copied alone, not its whole base,
+        # where it goes into a worker's ring (a sample); one the loader sends
+        # stays a view of what it shares, as in torch.
+        copied_alone = storage.nbytes() > 2 * tensor.nbytes and self.ring is not None
+        if not storage.is_shared() or copied_alone:
             in_ring = self._in_ring(tensor.nbytes)
             if in_ring is not None:
                 segment, slot, raw = in_ring

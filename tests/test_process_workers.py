@@ -886,3 +886,77 @@ def test_a_loader_back_on_threads_delivers_every_sample_once(
     assert "on them against" in stats.worker_method_reason
     del loader
     assert wait_until(lambda: not workers_of_this_process())
+
+
+class EpochCounter(IterableDataset):
+    """Hugging Face ``datasets``' way to reach persistent workers: the epoch
+    is a shared 0-dim tensor that ``set_epoch`` updates in place."""
+
+    def __init__(self) -> None:
+        self.epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch += epoch - self.epoch
+
+    def __iter__(self):
+        info = get_worker_info()
+        for index in range(info.id, 12, info.num_workers):
+            yield int(self.epoch), index
+
+
+@pytest.mark.parametrize("method", ["thread", "multiprocessing"])
+def test_a_shared_tensor_updated_in_place_reaches_persistent_workers(method: str) -> None:
+    seen = {}
+    for loader_type, options in (
+        (tud.DataLoader, {}),
+        (minato.DataLoader, {"worker_method": method}),
+    ):
+        dataset = EpochCounter()
+        loader = loader_type(
+            dataset, batch_size=3, num_workers=2, persistent_workers=True, **options
+        )
+        epochs = []
+        for epoch in range(3):
+            dataset.set_epoch(epoch)
+            epochs.append(sorted({int(e) for epochs_seen, _ in loader for e in epochs_seen}))
+        seen[loader_type] = epochs
+        del loader
+    assert seen[tud.DataLoader] == [[0], [1], [2]]
+    assert seen[minato.DataLoader] == seen[tud.DataLoader]
+
+
+def test_a_small_tensor_in_shared_memory_travels_shared() -> None:
+    shared = torch.zeros(3).share_memory_()
+    payload = _ipc.dumps({"value": shared, "plain": torch.zeros(3)})
+    assert len(payload.fds) == 1  # the shared one; the plain one goes by value
+    received = _ipc.loads(payload.data, [os.dup(fd) for fd in payload.fds])
+    shared += 1
+    assert received["value"].tolist() == [1.0, 1.0, 1.0]
+    assert received["plain"].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_hugging_face_set_epoch_reshuffles_persistent_worker_processes() -> None:
+    datasets = pytest.importorskip("datasets")
+    source = datasets.Dataset.from_dict({"x": list(range(64))}).to_iterable_dataset(num_shards=4)
+    shuffled = source.shuffle(seed=0, buffer_size=8)
+    orders = {}
+    for loader_type, options in (
+        (tud.DataLoader, {}),
+        (minato.DataLoader, {"worker_method": "multiprocessing"}),
+    ):
+        loader = loader_type(
+            shuffled, batch_size=8, num_workers=2, persistent_workers=True, **options
+        )
+        epochs = []
+        for epoch in range(3):
+            shuffled.set_epoch(epoch)
+            epochs.append([int(x) for batch in loader for x in batch["x"]])
+        orders[loader_type] = epochs
+        del loader
+    # Each epoch its own shuffle, every sample once, as with torch.
+    for epochs in orders.values():
+        assert all(sorted(order) == list(range(64)) for order in epochs)
+        assert len({tuple(order) for order in epochs}) == 3
+    assert [sorted(o) for o in orders[minato.DataLoader]] == [
+        sorted(o) for o in orders[tud.DataLoader]
+    ]
