@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import array
 import io
+import multiprocessing.context
+import multiprocessing.reduction
 import os
 import pickle
 import pickletools
@@ -123,6 +125,9 @@ class _SharingPickler(cloudpickle.Pickler):
             reduced = self._tensor(obj)
             if reduced is not NotImplemented:
                 return reduced
+        reduce = _multiprocessing_reducer(type(obj))
+        if reduce is not None:
+            return reduce(obj)
         if self.share and len(self.fds) < MAX_FDS:
             if (
                 type(obj) is np.ndarray
@@ -252,16 +257,105 @@ def modules_named(payload: Payload) -> list[str]:
     return list(modules)
 
 
+class _StartingWorker:
+    """What multiprocessing's own objects (``Event``, ``Lock``, ``Value``,
+    ``Queue``...) ask for while pickled: they pickle only "while spawning a
+    process", and hand their descriptors to the process being started. torch
+    pickles a dataset as it starts each worker process; minato pickles it
+    once, for worker processes it starts from its fork server, and sends the
+    descriptors beside the pickle (a message's own)."""
+
+    def __init__(self, pickler: _SharingPickler) -> None:
+        self.pickler = pickler
+
+    def duplicate_for_child(self, fd: int) -> int:
+        pickler = self.pickler
+        if len(pickler.fds) >= MAX_FDS:
+            raise ValueError(f"more than {MAX_FDS} descriptors in one message to a worker process")
+        pickler.fds.append(fd)  # owned by the object pickled, which outlives the sends
+        return len(pickler.fds) - 1
+
+    @staticmethod
+    def DupFd(slot: int) -> _PassedFd:  # noqa: N802  # multiprocessing's name
+        return _PassedFd(slot)
+
+
+class _PassedFd:
+    """A descriptor sent beside the pickle (multiprocessing's ``DupFd``)."""
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+
+    def __reduce__(self) -> Any:
+        return _received_fd, (self.slot,)
+
+
+class _ReceivedFd:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def detach(self) -> int:
+        return self.fd
+
+
+def _received_fd(slot: int) -> _ReceivedFd:
+    # The message's descriptors are closed once it is unpickled: a copy.
+    return _ReceivedFd(os.dup(_received.fds[slot]))
+
+
+_set_spawning_popen = getattr(multiprocessing.context, "set_spawning_popen", None)
+# multiprocessing's registry of reductions its objects need (a Value's
+# shared ctypes object, the arena of shared memory under it): only
+# multiprocessing's pickler consults it. torch registers its tensors there
+# too: those keep minato's own pickling.
+_forking_reducers: dict[type, Any] = getattr(
+    multiprocessing.reduction.ForkingPickler, "_extra_reducers", {}
+)
+
+
+def _multiprocessing_reducer(kind: type) -> Any:
+    reduce = _forking_reducers.get(kind)
+    if reduce is None or not getattr(reduce, "__module__", "").startswith("multiprocessing."):
+        return None
+    return reduce
+
+
+def _fork_context_message(error: RuntimeError) -> str | None:
+    """The remedy, for a lock or semaphore created in the 'fork' context."""
+    if "fork context" not in str(error):
+        return None
+    return (
+        "minato: the dataset (or collate_fn, worker_init_fn) holds a multiprocessing lock "
+        "or semaphore (an Event, Lock, RLock, Semaphore, Condition or Barrier, or a Value "
+        "or Array with its lock) made in the 'fork' context, multiprocessing's default on "
+        "Linux before Python 3.14. Only a process forked from this one can use it, and "
+        "minato's worker processes start from its fork server. Make it with "
+        'multiprocessing.get_context("forkserver") (or "spawn"), e.g. '
+        'multiprocessing.get_context("forkserver").Event(), or use worker_method="thread".'
+    )
+
+
 def dumps(obj: Any, ring: SlotRing | None = None) -> Payload:
     """`obj` pickled, its large payloads shared; into `ring`'s slots where
     they fit (a worker process's results)."""
     buffer = io.BytesIO()
     pickler = _SharingPickler(buffer, ring)
+    if _set_spawning_popen is not None:
+        _set_spawning_popen(_StartingWorker(pickler))
     try:
         pickler.dump(obj)
+    except RuntimeError as error:
+        pickler.unwind()
+        message = _fork_context_message(error)
+        if message is None:
+            raise
+        raise RuntimeError(message) from error
     except BaseException:
         pickler.unwind()
         raise
+    finally:
+        if _set_spawning_popen is not None:
+            _set_spawning_popen(None)
     return Payload(buffer.getvalue(), pickler.fds, pickler.keep)
 
 

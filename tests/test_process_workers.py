@@ -8,6 +8,7 @@ interpreter exit, the loader's process killed) count the processes left.
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -960,3 +962,51 @@ def test_hugging_face_set_epoch_reshuffles_persistent_worker_processes() -> None
     assert [sorted(o) for o in orders[minato.DataLoader]] == [
         sorted(o) for o in orders[tud.DataLoader]
     ]
+
+
+class SignalsTheLoop(Dataset):
+    """torch's test_worker_seed / test_proper_exit pattern: a dataset holding
+    multiprocessing primitives that its workers use."""
+
+    def __init__(self, context: Any) -> None:
+        self.loaded = context.Event()
+        self.count = context.Value("i", 0)
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        with self.count.get_lock():
+            self.count.value += 1
+        self.loaded.set()
+        return index
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_dataset_holding_multiprocessing_primitives_on_worker_processes(
+    start_method: str,
+) -> None:
+    results = {}
+    for loader_type, options in (
+        (tud.DataLoader, {"multiprocessing_context": start_method}),
+        (minato.DataLoader, {"worker_method": "multiprocessing"}),
+    ):
+        dataset = SignalsTheLoop(multiprocessing.get_context(start_method))
+        delivered = indices(loader_type(dataset, batch_size=2, num_workers=2, **options))
+        results[loader_type] = (delivered, dataset.loaded.is_set(), dataset.count.value)
+    assert results[tud.DataLoader] == (list(range(8)), True, 8)
+    assert results[minato.DataLoader] == results[tud.DataLoader]
+
+
+def test_a_fork_context_lock_names_itself_and_the_remedy() -> None:
+    """A lock made in the 'fork' context reaches only processes forked from
+    this one (torch's, with fork), never minato's: the error says what to do."""
+    dataset = SignalsTheLoop(multiprocessing.get_context("fork"))
+    loader = minato.DataLoader(
+        dataset, batch_size=2, num_workers=2, worker_method="multiprocessing"
+    )
+    with pytest.raises(RuntimeError, match=r"'fork' context.*get_context\(\"forkserver\"\)"):
+        list(loader)
+    # "auto" stays on threads for it, where it works.
+    auto = minato.DataLoader(dataset, batch_size=2, num_workers=2)
+    assert indices(auto) == list(range(8)) and dataset.count.value == 8
