@@ -21,6 +21,19 @@ from minato import _collate_stage
 pytestmark = pytest.mark.usefixtures("no_leaked_threads")
 
 
+def _start_the_training_threads_openmp_team() -> None:
+    """The training thread's OpenMP team starts with its first parallel op
+    and stays: started here, before any thread count, it is not taken for a
+    thread a loader left behind (the intra-op tests run such ops on it)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    torch.ones(1 << 22).add_(1)
+    torch.set_num_threads(before)
+
+
+_start_the_training_threads_openmp_team()
+
+
 def recording_collate(threads: list[int]):
     def collate(samples):
         threads.append(threading.get_ident())
