@@ -93,7 +93,7 @@ def sample_collator(
             # First call on this thread: the generators a worker process would have.
             from minato._worker import bind_thread_rng  # it imports this module
 
-            rng = bind_thread_rng(base_seed, COLLATE_THREAD_SEED_ID)
+            rng, _ = bind_thread_rng(base_seed, COLLATE_THREAD_SEED_ID)
             own = local.generator = ThreadGenerator(rng.torch_generator)
         return own
 

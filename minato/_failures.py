@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,16 +144,27 @@ def budget_exceeded(
     )
 
 
-def load_skipping(dataset: Any, getitems: Any, indices: list[Any], worker: int | None) -> list[Any]:
+def load_skipping(
+    dataset: Any,
+    getitems: Any,
+    indices: list[Any],
+    worker: int | None,
+    before: Callable[[int], None] | None = None,
+) -> list[Any]:
     """Loads `indices` (with ``__getitems__`` when the dataset has one): for
-    each, its sample, or its `SampleFailure` when loading it raised."""
+    each, its sample, or its `SampleFailure` when loading it raised.
+    `before(k)` runs before the k-th is loaded (k=0 before ``__getitems__``)."""
     if getitems is not None:
+        if before is not None:
+            before(0)
         try:
             return list(getitems(indices))
         except Exception:
             pass  # load one by one below to find which samples fail
     loaded: list[Any] = []
-    for index in indices:
+    for ordinal, index in enumerate(indices):
+        if before is not None:
+            before(ordinal)
         try:
             loaded.append(dataset[index])
         except Exception:

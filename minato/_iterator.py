@@ -33,6 +33,7 @@ from minato._failures import (
 from minato._minato import Engine, SampleEngine
 from minato._process import ProcessWorkers, fork_server_ready, stop_all, warm_up
 from minato._resume import EpochStream, IterableStream, capture_epoch_rng
+from minato._sample_seed import epoch_seed
 from minato._stats import StatsRecorder, logger
 from minato._worker import EXHAUSTED, WorkerSpec, sample_count, worker_factory
 from minato._worker_dataset import bound_to_copies, worker_dataset
@@ -116,8 +117,16 @@ class _Delivery(DeviceStage):
     ) -> None:
         """Starts the epoch's tagged index stream (see minato._resume); call
         after torch made ``_sampler_iter``, before the first index is taken."""
+        # Each sample's random draws follow from this seed and its position
+        # (minato._sample_seed), unless batches are dealt to workers in turn:
+        # then each worker keeps its own streams, as torch's do.
+        epochs_begun = getattr(self, "_epochs_begun", 0)
+        self._epochs_begun = epochs_begun + 1
+        seed = None
+        if self._num_workers > 0 and not loader.deals_in_turn():
+            seed = epoch_seed(int(self._base_seed), epochs_begun)
         self._epoch: EpochStream | IterableStream = loader._progress.begin_epoch(
-            loader, self._sampler_iter, epoch_rng, samples=samples
+            loader, self._sampler_iter, epoch_rng, samples=samples, seed=seed
         )
         self._epoch_size = epoch_samples(loader) if self._skip_errors else None
         self._failure_budget = (
@@ -459,8 +468,12 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
     def _submit(self, engine: Any, tags: list[int], index: Any) -> bool:
         count = sample_count(index, self._auto_collation)
         if tags:
-            index = (tags[0], index)
+            index = (tags[0], index, self._epoch_seed())
         return bool(engine.submit(index, count))
+
+    def _epoch_seed(self) -> int | None:
+        epoch = self._epoch
+        return epoch.seed if isinstance(epoch, EpochStream) else None
 
     def _next_host_data(self) -> HostBatch:
         if self._over_budget:
@@ -661,6 +674,9 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
                 else None
             ),
             skipped_type=Skipped,
+            # in_order=None: the sampler's order, but for a sample that runs
+            # late; in_order=False: whichever samples finish first.
+            in_sequence=loader.in_order is None,
             drop_last=self._drop_last,
             num_workers=self._starting_workers(loader),
             max_workers=self._max_workers(loader),
@@ -690,7 +706,8 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         return True
 
     def _submit(self, engine: Any, tags: list[int], index: Any) -> bool:
-        return bool(engine.submit(list(zip(tags, index, strict=True))))
+        seed = self._epoch_seed()
+        return bool(engine.submit([(tag, i, seed) for tag, i in zip(tags, index, strict=True)]))
 
     def _engine_skipped(self) -> list[tuple[int | None, SampleFailure]]:
         engine = self._engine

@@ -62,6 +62,7 @@ class SampleEngine:
         *,
         collate_here: Callable[[list[Any]], Any] | None,
         skipped_type: type,
+        in_sequence: bool,
         num_workers: int,
         max_samples_in_flight: int,
         max_batch_size: int,

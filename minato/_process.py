@@ -35,6 +35,7 @@ process killed) makes the worker process exit at once, even mid-task.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -337,6 +338,13 @@ class ProcessWorkers:
         while the loader is on threads."""
         remote = _Remote(self, worker_id, samples)
         if thread_run is None:
+            # Forced processes: started here, as the worker thread starts,
+            # not by its first task, whose time would then include the
+            # start (and the fork server's, at first) and make its sample
+            # look late (see minato._sample_seed). A start that fails is
+            # tried again, and reported, by that task.
+            with contextlib.suppress(Exception):
+                remote.start()
             return remote.run
         method = self.method
         if not self.per_task_switch and not self.spec.is_iterable:
@@ -398,6 +406,10 @@ class _Remote:
         if process is not None:
             process.stop()
 
+    def start(self) -> None:
+        """Starts its process now, if it has none."""
+        self._process()
+
     def _process(self) -> WorkerProcess:
         if self.process is None:
             self.process = WorkerProcess(self.workers, self.worker_id, self.samples)
@@ -453,14 +465,14 @@ class _Remote:
         error = RuntimeError(message)
         if self.samples:
             failed = []
-            for tag, index in task:
+            for tag, index, _ in task:
                 if spec.skip_errors:
                     failure = SampleFailure(index, self.worker_id, "RuntimeError", message)
                     failed.append(Skipped(tag, failure))
                 else:
                     failed.append((tag, self._wrapper(error, index)))
             return failed
-        tag, index = (self.worker_id, None) if spec.is_iterable else task
+        tag, index, _ = (self.worker_id, None, None) if spec.is_iterable else task
         if spec.skip_errors:
             indices = index if spec.auto_collation and index is not None else [index]
             failures = [SampleFailure(i, self.worker_id, "RuntimeError", message) for i in indices]

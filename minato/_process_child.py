@@ -30,7 +30,9 @@ from torch.utils.data._utils import worker as _torch_worker
 
 import minato  # noqa: F401  # the fork server imports the whole package once
 from minato import _ipc
+from minato._sample_seed import process_reseed
 from minato._sample_slots import SlotRing
+from minato._thread_random import set_process_initial_seed
 from minato._worker import EXHAUSTED, WORKER_NOUN, WorkerSpec, make_runner
 from minato._worker_priority import lower_process_priority
 
@@ -64,6 +66,9 @@ def _set_up(spec: WorkerSpec, worker_id: int) -> None:
     seed = spec.base_seed + worker_id
     random.seed(seed)
     torch.manual_seed(seed)
+    # torch.initial_seed() stays the worker's seed whatever minato's
+    # per-sample seeding does (minato._sample_seed), as in a worker thread.
+    set_process_initial_seed(seed)
     import numpy as np
 
     np.random.seed(_torch_worker._generate_state(spec.base_seed, worker_id))
@@ -88,7 +93,14 @@ def main(sock: socket.socket) -> None:
     stream_skip = _StreamSkip()
     spec = dataclasses.replace(spec, take_stream_skip=stream_skip.take)
     _set_up(spec, worker_id)
-    run = make_runner(spec, spec.dataset, worker_id, contextlib.nullcontext(), samples=samples)
+    run = make_runner(
+        spec,
+        spec.dataset,
+        worker_id,
+        contextlib.nullcontext(),
+        samples=samples,
+        reseed=process_reseed,
+    )
     ring = SlotRing()
     while True:
         try:

@@ -153,18 +153,33 @@ class EpochStream:
         *,
         samples: bool,
         batch_size: int,
+        seed: int | None = None,
         carried: list[Any] | None = None,
+        carried_tags: list[int] | None = None,
+        next_tag: int = 0,
         pulled: int = 0,
         failures: list[SampleFailure] | None = None,
     ) -> None:
         self._batches = batches
         self._samples = samples
         self._batch_size = batch_size
-        self._carried: deque[Any] = deque(carried or ())
-        # Samples of a batch taken from the sampler, not yet given a tag.
-        self._buffer: deque[Any] = deque()
+        # The epoch's seed (minato._sample_seed): with a tag, what seeds a
+        # sample's (or a batch's) random draws; None where workers keep
+        # their own streams.
+        self.seed = seed
+        # A tag is the position of a sample (a batch) in the epoch; indices
+        # carried over from a checkpoint keep theirs (older states had none:
+        # they get new ones).
+        if carried and (carried_tags is None or len(carried_tags) != len(carried)):
+            carried_tags = list(range(next_tag, next_tag + len(carried)))
+            next_tag += len(carried)
+        self._carried: deque[tuple[int, Any]] = deque(
+            zip(carried_tags or (), carried or (), strict=True)
+        )
+        # Samples of a batch taken from the sampler, with their tags.
+        self._buffer: deque[tuple[int, Any]] = deque()
         self._pending: dict[int, Any] = {}
-        self._next_tag = 0
+        self._next_tag = next_tag
         # Samples skipped this epoch (on_error="skip"), in the order reported.
         self.failures: list[SampleFailure] = list(failures or ())
         self.pulled = pulled
@@ -191,11 +206,14 @@ class EpochStream:
         self.pulled += 1
         return batch
 
-    def _tag(self, index: Any) -> int:
+    def _new_tag(self) -> int:
         tag = self._next_tag
         self._next_tag += 1
-        self._pending[tag] = index
         return tag
+
+    @property
+    def next_tag(self) -> int:
+        return self._next_tag
 
     def next_batch(self) -> tuple[list[int], Any]:
         """The next batch to load, as (its tags, the index or list of indices)."""
@@ -204,24 +222,34 @@ class EpochStream:
 
     def _next_batch(self) -> tuple[list[int], Any]:
         if not self._samples:
-            index = self._carried.popleft() if self._carried else self._pull()
-            return [self._tag(index)], index
+            if self._carried:
+                tag, index = self._carried.popleft()
+            else:
+                index = self._pull()
+                tag = self._new_tag()
+            self._pending[tag] = index
+            return [tag], index
+        tags: list[int] = []
         indices: list[Any] = []
         while len(indices) < self._batch_size:
             if self._carried:
-                indices.append(self._carried.popleft())
+                tag, index = self._carried.popleft()
             elif self._buffer:
-                indices.append(self._buffer.popleft())
+                tag, index = self._buffer.popleft()
             elif self.exhausted:
                 break
             else:
                 try:
-                    self._buffer.extend(self._pull())
+                    self._buffer.extend((self._new_tag(), index) for index in self._pull())
                 except StopIteration:
                     break
+                continue
+            tags.append(tag)
+            indices.append(index)
+            self._pending[tag] = index
         if not indices:
             raise StopIteration
-        return [self._tag(index) for index in indices], indices
+        return tags, indices
 
     def delivered(self, tags: list[int]) -> None:
         with self.lock:
@@ -244,14 +272,25 @@ class EpochStream:
     def requeue_pending(self) -> None:
         """The workers that had the pending indices are gone (they stayed in
         the parent of a fork child): those indices are loaded again, first,
-        in the sampler's order, under new tags."""
+        in the sampler's order, under the same tags."""
         with self.lock:
-            self._carried.extendleft(reversed(self._pending.values()))
+            self._carried.extendleft(reversed(self._pending.items()))
             self._pending.clear()
+
+    def _undelivered_tagged(self) -> list[tuple[int, Any]]:
+        return sorted([*self._pending.items(), *self._carried, *self._buffer], key=_first)
 
     def undelivered(self) -> list[Any]:
         """Indices taken from the sampler and not delivered, in the sampler's order."""
-        return [*self._pending.values(), *self._carried, *self._buffer]
+        return [index for _, index in self._undelivered_tagged()]
+
+    def undelivered_tags(self) -> list[int]:
+        """Their tags (positions in the epoch), in the same order."""
+        return [tag for tag, _ in self._undelivered_tagged()]
+
+
+def _first(pair: tuple[int, Any]) -> int:
+    return pair[0]
 
 
 class IterableStream:
@@ -317,10 +356,17 @@ class LoaderProgress:
     # -- the iterators' side -------------------------------------------------
 
     def begin_epoch(
-        self, loader: Any, sampler_iter: Iterator[Any], epoch_rng: dict[str, Any], *, samples: bool
+        self,
+        loader: Any,
+        sampler_iter: Iterator[Any],
+        epoch_rng: dict[str, Any],
+        *,
+        samples: bool,
+        seed: int | None = None,
     ) -> EpochStream | IterableStream:
         """The stream of a new epoch: ``sampler_iter`` fresh, or the rest of a
-        checkpointed epoch when a state was loaded."""
+        checkpointed epoch when a state was loaded (with that epoch's seed,
+        where it kept one, in place of `seed`)."""
         resume, self._resume = self._resume, None
         batch_size = loader.batch_size or 1
         failures = None
@@ -331,14 +377,18 @@ class LoaderProgress:
             self._stream = IterableStream(sampler_iter, delivered, failures)
             return self._stream
         if resume is None:
-            stream = EpochStream(sampler_iter, samples=samples, batch_size=batch_size)
+            stream = EpochStream(sampler_iter, samples=samples, batch_size=batch_size, seed=seed)
         else:
             epoch_rng = resume.get("epoch_rng") or epoch_rng
+            saved_seed = resume.get("seed")
             stream = EpochStream(
                 self._resumed_sampler_iter(loader, resume),
                 samples=samples,
                 batch_size=batch_size,
+                seed=seed if seed is None or saved_seed is None else saved_seed,
                 carried=list(resume["undelivered"]),
+                carried_tags=resume.get("undelivered_tags"),
+                next_tag=resume.get("next_tag", 0),
                 pulled=resume["pulled"],
                 failures=failures,
             )
@@ -407,6 +457,11 @@ class LoaderProgress:
         epoch: dict[str, Any] = {
             "failures": failures,
             "undelivered": stream.undelivered(),
+            # Positions in the epoch, and the epoch's seed: a resumed sample
+            # draws what it would have (minato._sample_seed).
+            "undelivered_tags": stream.undelivered_tags(),
+            "next_tag": stream.next_tag,
+            "seed": stream.seed,
             "pulled": stream.pulled,
             "samples": bool(stream._samples),
             "epoch_rng": None,

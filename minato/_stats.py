@@ -28,7 +28,7 @@ GIL_HINT_MIN_SAMPLES = 100
 # Skipped samples' records kept for stats(): the most recent ones (the count is exact).
 MAX_FAILURES_KEPT = 10_000
 # Engine figures that add up over the engines a loader has run.
-_SUMMED = ("gil_wait", "busy", "slow_samples")
+_SUMMED = ("gil_wait", "busy", "slow_samples", "moved_samples")
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,10 @@ class LoaderStats:
     """Batches delivered to the training loop."""
     slow_samples: int = 0
     """Samples that ran past the per-sample timeout and were flagged slow."""
+    moved_samples: int = 0
+    """Samples that left their batch for a later one, late (where batches
+    keep the sampler's order: ``in_order=None``): an epoch in which one
+    moved is not the one a run with the same seed computes otherwise."""
     skipped_samples: int = 0
     """Samples left out because loading them raised (``on_error="skip"``)."""
     failures: tuple[SampleFailure, ...] = ()
@@ -109,7 +113,8 @@ class LoaderStats:
             f"minato: {self.batches} batches, {self.samples} samples ({self.rate:.0f}/s), "
             f"{self.workers} workers, starved {self.starved:.2f}s, "
             f"fetch p50 {_ms(self.fetch_p50)}, gil wait {self.gil_wait:.2f}s, "
-            f"slow {self.slow_samples}, skipped {self.skipped_samples}, "
+            f"slow {self.slow_samples}, moved {self.moved_samples}, "
+            f"skipped {self.skipped_samples}, "
             f"ready queue {_share(self.queue_occupancy)}"
         )
 
@@ -127,6 +132,7 @@ class LoaderStats:
             ("starved (loop waited)", f"{self.starved:.3f}s"),
             ("ready-queue occupancy", _share(self.queue_occupancy)),
             ("slow samples", str(self.slow_samples)),
+            ("moved to a later batch", str(self.moved_samples)),
             ("sample timeout", _ms(self.sample_timeout)),
             ("skipped samples", str(self.skipped_samples)),
             ("worker method", f"{self.worker_method or '-'} ({self.worker_method_reason or '-'})"),
@@ -245,6 +251,7 @@ class StatsRecorder:
             samples=self.samples,
             batches=self.batches,
             slow_samples=closed["slow_samples"],
+            moved_samples=closed["moved_samples"],
             skipped_samples=skipped_samples,
             failures=failures,
             sample_timeout=figures.get("sample_timeout"),

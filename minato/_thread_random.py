@@ -48,10 +48,47 @@ from minato._warn_once import warn_once
 class ThreadGenerators:
     """One worker thread's stand-ins for the process-wide generators."""
 
-    def __init__(self, random_generator: random.Random, numpy_state: Any, torch_generator: Any):
+    def __init__(
+        self,
+        random_generator: random.Random,
+        numpy_state: Any,
+        torch_generator: Any,
+        initial_seed: int | None = None,
+    ):
         self.random = random_generator
         self.numpy = numpy_state  # a numpy.random.RandomState, or None without numpy
         self.torch = torch_generator
+        # What torch.initial_seed() answers: the worker's seed, or the last
+        # one the worker's own code set (minato's per-sample seeding, see
+        # minato._sample_seed, leaves it).
+        self.initial_seed = initial_seed
+
+
+# In a worker process: what torch.initial_seed() answers there (as in a
+# worker thread above); None in any other process.
+_process_initial_seed: list[int | None] = [None]
+
+
+def set_process_initial_seed(seed: int) -> None:
+    """In a worker process: torch.initial_seed() answers `seed` until the
+    worker's own code seeds torch (minato._process_child)."""
+    _process_initial_seed[0] = seed
+
+
+def _recorded_initial_seed() -> int | None:
+    generators = _thread.generators
+    if generators is not None:
+        return generators.initial_seed
+    return _process_initial_seed[0]
+
+
+def _record_seed(seed: int) -> None:
+    """The worker's own code seeded torch: torch.initial_seed() says so."""
+    generators = _thread.generators
+    if generators is not None:
+        generators.initial_seed = seed
+    elif _process_initial_seed[0] is not None:
+        _process_initial_seed[0] = seed
 
 
 class _ThreadState(threading.local):
@@ -150,6 +187,9 @@ def _install_numpy() -> None:
 
 
 def _per_thread_initial_seed() -> int:  # pragma: no cover - runs as torch's code
+    recorded = _minato_initial_seed()
+    if recorded is not None:
+        return recorded
     generator = _minato_thread_generator()
     if generator is not None:
         return generator.initial_seed()
@@ -161,15 +201,22 @@ def _per_thread_manual_seed(seed):  # pragma: no cover - runs as torch's code
     if generator is not None:
         # The worker's own generator only: the training loop's CUDA
         # generators are not the worker's to reseed.
-        return generator.manual_seed(int(seed))
-    return _minato_torch_manual_seed(seed)
+        seeded = generator.manual_seed(int(seed))
+        _minato_record_seed(int(seed))
+        return seeded
+    seeded = _minato_torch_manual_seed(seed)
+    _minato_record_seed(int(seed))
+    return seeded
 
 
 def _per_thread_seed() -> int:  # pragma: no cover - runs as torch's code
     generator = _minato_thread_generator()
     if generator is not None:
-        return generator.seed()
-    return _minato_torch_seed()
+        seed = generator.seed()
+    else:
+        seed = _minato_torch_seed()
+    _minato_record_seed(seed)
+    return seed
 
 
 def _per_thread_get_rng_state():  # pragma: no cover - runs as torch's code
@@ -201,6 +248,8 @@ _TORCH_DEFAULT_GENERATOR_NAMES = {"default_generator", "_manual_seed_impl"}
 def _install_torch_seeding() -> None:
     module_globals = vars(torch.random)
     module_globals["_minato_thread_generator"] = _thread_torch_generator
+    module_globals["_minato_initial_seed"] = _recorded_initial_seed
+    module_globals["_minato_record_seed"] = _record_seed
     for name, replacement in _TORCH_SEEDING.items():
         function = module_globals.get(name)
         code = getattr(function, "__code__", None)
@@ -345,7 +394,7 @@ def thread_generators(base_seed: int, worker_id: int, torch_generator: Any, rand
         numpy_state = np.random.RandomState(_generate_state(base_seed, worker_id))
     except ImportError:  # pragma: no cover - numpy is a dependency
         pass
-    return ThreadGenerators(random_generator, numpy_state, torch_generator)
+    return ThreadGenerators(random_generator, numpy_state, torch_generator, base_seed + worker_id)
 
 
 _installed = False

@@ -33,6 +33,7 @@ from minato._failures import (
     next_skipping,
     split_failures,
 )
+from minato._sample_seed import Reseed, sample_seed, thread_reseed
 from minato._thread_random import ThreadGenerator, bind_thread, thread_generators
 from minato._torch_threads import limit_thread_intra_op
 from minato._worker_dataset import bound_to_copies, worker_dataset
@@ -111,13 +112,15 @@ def _thread_rng(base_seed: int, worker_id: int) -> Any:
     return rng_type(**fields) if rng_type is not None else types.SimpleNamespace(**fields)
 
 
-def bind_thread_rng(base_seed: int, worker_id: int) -> Any:
+def bind_thread_rng(base_seed: int, worker_id: int) -> tuple[Any, Reseed]:
     """Makes the calling thread's process-wide generators those worker
     `worker_id`'s process would have (see minato._thread_random); returns
-    them (torch's worker ``_RNG``)."""
+    them (torch's worker ``_RNG``), and what seeds them all for one sample
+    (see minato._sample_seed)."""
     rng = _thread_rng(base_seed, worker_id)
-    bind_thread(thread_generators(base_seed, worker_id, rng.torch_generator, rng.random_generator))
-    return rng
+    generators = thread_generators(base_seed, worker_id, rng.torch_generator, rng.random_generator)
+    bind_thread(generators)
+    return rng, thread_reseed(rng, generators.numpy)
 
 
 def worker_factory(
@@ -148,8 +151,10 @@ def worker_factory(
         if processes is not None and processes.forced:
             # Never on this thread: no copy, no worker_init_fn here.
             return processes.runner(worker_id, samples, None)
-        own_spec, own_generator = _isolate_thread(spec, worker_id)
-        run = make_runner(own_spec, own_spec.dataset, worker_id, own_generator, samples=samples)
+        own_spec, own_generator, reseed = _isolate_thread(spec, worker_id)
+        run = make_runner(
+            own_spec, own_spec.dataset, worker_id, own_generator, samples=samples, reseed=reseed
+        )
         if processes is None:
             return run
         return processes.runner(worker_id, samples, run)
@@ -157,20 +162,20 @@ def worker_factory(
     return make_worker
 
 
-def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[WorkerSpec, Any]:
+def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[WorkerSpec, Any, Reseed]:
     """What a worker process would have of its own, for this thread: the
     dataset (a copy that shares the data; a ``worker_init_fn`` that is one
     of its methods bound to the copy), one intra-op thread, and the
     process-wide generators, seeded as torch seeds them; its torch generator
     is also thread_safe_generator(). Returns the spec with the thread's own
-    dataset and the context that hands torch's random functions the thread's
-    generator."""
+    dataset, the context that hands torch's random functions the thread's
+    generator, and what seeds the thread's generators for one sample."""
     copies: dict[int, Any] = {}
     dataset = worker_dataset(spec.dataset, copies)
     spec = dataclasses.replace(
         spec, dataset=dataset, worker_init_fn=bound_to_copies(spec.worker_init_fn, copies)
     )
-    rng = bind_thread_rng(spec.base_seed, worker_id)
+    rng, reseed = bind_thread_rng(spec.base_seed, worker_id)
     limit_thread_intra_op(1)
     info = _torch_worker.WorkerInfo(
         id=worker_id,
@@ -181,7 +186,7 @@ def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[WorkerSpec, Any]:
         worker_method="thread",
     )
     set_thread_worker_info(info)
-    return spec, ThreadGenerator(rng.torch_generator)
+    return spec, ThreadGenerator(rng.torch_generator), reseed
 
 
 def make_runner(
@@ -191,8 +196,14 @@ def make_runner(
     own_generator: contextlib.AbstractContextManager[Any],
     *,
     samples: bool,
+    reseed: Reseed,
 ) -> Callable[[int, Any], Any]:
-    """Runs worker_init_fn, then returns the worker's `run` (see worker_factory)."""
+    """Runs worker_init_fn, then returns the worker's `run` (see worker_factory).
+
+    A map-style task carries its epoch's seed (None where workers keep
+    their own streams: batches dealt in turn): the worker's generators are
+    then seeded for each sample (each batch, loading whole batches) from it
+    and the sample's position (see minato._sample_seed)."""
     # As in torch: a failing worker_init_fn (or iter(dataset)) is
     # reported as the result of the worker's first task.
     init_error: ExceptionWrapper | None = None
@@ -219,23 +230,32 @@ def make_runner(
         return None
 
     def run(epoch: int, task: Any) -> Any:
-        tag, index = (worker_id, task) if spec.is_iterable else task
+        tag, index, key = (worker_id, task, None) if spec.is_iterable else task
         error = failure()
         if error is not None:
             return tag, error
         assert fetcher is not None
         with own_generator:
+            if key is not None:
+                reseed(sample_seed(key, tag))
             output = fetcher.fetch(epoch, index)
         return output if output is EXHAUSTED else (tag, output)
 
-    def run_samples(epoch: int, tagged: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
-        tags = [tag for tag, _ in tagged]
+    def run_samples(epoch: int, tagged: list[tuple[int, Any, Any]]) -> list[tuple[int, Any]]:
+        tags = [tag for tag, _, _ in tagged]
         error = failure()
         if error is not None:
             return [(tag, error) for tag in tags]
         assert isinstance(fetcher, _MapFetcher)
+        key = tagged[0][2]
+
+        def before(ordinal: int) -> None:
+            reseed(sample_seed(key, tags[ordinal]))
+
         with own_generator:
-            loaded = fetcher.fetch_samples([index for _, index in tagged])
+            loaded = fetcher.fetch_samples(
+                [index for _, index, _ in tagged], None if key is None else before
+            )
         return [
             Skipped(tag, sample) if isinstance(sample, SampleFailure) else (tag, sample)
             for tag, sample in zip(tags, loaded, strict=True)
@@ -292,19 +312,26 @@ class _MapFetcher:
             return WorkerError(where=_where(self.worker_id, index, collating=True))
         return sample_count(data, self.auto_collation), batch, failures
 
-    def fetch_samples(self, indices: list[Any]) -> list[Any]:
+    def fetch_samples(
+        self, indices: list[Any], before: Callable[[int], None] | None = None
+    ) -> list[Any]:
         """Single samples, uncollated; a failing one becomes its ExceptionWrapper
-        (its SampleFailure when skipping)."""
+        (its SampleFailure when skipping). `before(k)` runs before the k-th
+        sample is loaded (before a ``__getitems__`` call, with k=0)."""
         if self.skip_errors:
-            return load_skipping(self.dataset, self.getitems, indices, self.worker_id)
+            return load_skipping(self.dataset, self.getitems, indices, self.worker_id, before)
         if self.getitems is not None:
+            if before is not None:
+                before(0)
             try:
                 return list(self.getitems(indices))
             except Exception:
                 return [WorkerError(where=_where(self.worker_id, indices))] * len(indices)
         dataset = self.dataset
         samples = []
-        for i in indices:
+        for ordinal, i in enumerate(indices):
+            if before is not None:
+                before(ordinal)
             try:
                 samples.append(dataset[i])
             except Exception:

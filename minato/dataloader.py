@@ -48,11 +48,17 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """A drop-in replacement for :class:`torch.utils.data.DataLoader`.
 
     The signature, defaults, validation and attributes are torch's (2.15),
-    with one difference: ``in_order`` defaults to ``None``: batches are built
-    from whichever samples are ready first when the sampler shuffles (the
-    order is random anyway), and keep torch's order exactly otherwise, or
-    when ``torch.are_deterministic_algorithms_enabled()`` (then batches go
-    to the workers in turn, as in torch, so seeded runs repeat exactly).
+    with one difference: ``in_order`` defaults to ``None``: torch's batches
+    in torch's order, except that when the sampler shuffles a sample that
+    runs late (8 times the median fetch time, at least 100 ms, or
+    ``sample_timeout`` when given) joins a later batch instead of holding
+    its own (``stats().moved_samples``). Each sample's random draws are
+    seeded from the epoch's seed and its position, so a seeded run repeats
+    itself whichever worker loads what. With
+    ``torch.are_deterministic_algorithms_enabled()`` batches keep torch's
+    order and go to the workers in turn, each with torch's per-worker
+    generators: torch's batches bit for bit. ``in_order=False`` builds each
+    batch from whichever samples finish first.
 
     ``num_workers=0`` loads in the calling thread, exactly as torch does.
     ``num_workers=N`` runs N worker *threads* owned by minato's Rust engine
@@ -285,8 +291,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def reorders(self) -> bool:
         """Whether batches may leave the sampler's order: ``in_order=False``,
-        or ``in_order=None`` with a shuffling sampler (evaluation loops with a
-        sequential sampler often rely on the order, so it is kept)."""
+        or ``in_order=None`` with a shuffling sampler, where a late sample
+        may join a later batch (evaluation loops with a sequential sampler
+        often rely on the order, so it is kept)."""
         if self.in_order is not None:
             return not self.in_order
         if torch.are_deterministic_algorithms_enabled():

@@ -290,28 +290,32 @@ def test_ddp_two_processes_shard_with_distributed_sampler(tmp_path: Path) -> Non
 
 class SeedRecordingDataset(IndexDataset):
     """Records, per (epoch, worker thread), the WorkerInfo seed and the first
-    draws of the thread's own generators (get_worker_info().rng): the first
-    draw of a generator does not depend on which sample a worker got."""
+    draw of the numpy generator it holds (get_worker_info().rng, a stream of
+    the worker's own), and per (epoch, sample) the sample's draws from the
+    thread's torch and random generators (seeded per sample by minato)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.epoch = 0
         self.first: dict[tuple[int, int], dict[str, Any]] = {}
+        self.draws: dict[tuple[int, int], tuple[list[float], float]] = {}
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         info = tud.get_worker_info()
         if info is not None:
             key = (self.epoch, info.id)
+            rng = info.rng
             # Each key is written by one thread only: no lock needed.
             if key not in self.first:
-                rng = info.rng
                 self.first[key] = {
                     "seed": info.seed,
                     "method": info.worker_method,
-                    "torch": torch.rand(3, generator=rng.torch_generator).tolist(),
-                    "random": rng.random_generator.random(),
                     "numpy": float(rng.numpy_generator.random()),
                 }
+            self.draws[(self.epoch, i)] = (
+                torch.rand(3, generator=rng.torch_generator).tolist(),
+                rng.random_generator.random(),
+            )
             # Slow enough that both workers get samples in every epoch.
             time.sleep(0.005)
         return super().__getitem__(i)
@@ -377,16 +381,20 @@ def test_seed_everything_workers_seeds_threads_per_worker_reproducibly(
     assert set(first) == set(second) == {(e, w) for e in range(2) for w in range(2)}
     for key in first:
         assert first[key]["method"] == "thread"
-        # Reproducible: the same seed and generator streams in an identical run.
+        # Reproducible: the same seed and numpy stream in an identical run.
         assert first[key] == second[key], key
     for epoch in range(2):
         workers = [first[(epoch, w)] for w in range(2)]
         # Per worker: distinct seeds and distinct generator streams.
         assert workers[0]["seed"] != workers[1]["seed"]
-        for name in ("torch", "random", "numpy"):
-            assert workers[0][name] != workers[1][name], (epoch, name)
+        assert workers[0]["numpy"] != workers[1]["numpy"], epoch
     # A new epoch's workers are seeded anew (a new base seed), as torch does.
     assert first[(0, 0)]["seed"] != first[(1, 0)]["seed"]
+    # Each sample's torch and random draws: the same in an identical run,
+    # whichever worker loaded it, and distinct from every other sample's.
+    draws = first_model.dataset.draws
+    assert draws == second_model.dataset.draws
+    assert len({value[1] for value in draws.values()}) == len(draws)
 
 
 def test_seed_everything_workers_leaves_the_loops_global_rng_alone(

@@ -667,7 +667,8 @@ def test_the_fork_server_imports_the_datasets_modules_once(tmp_path: Path) -> No
     assert run.returncode == 0, run.stderr
     worker_pids = set(eval(run.stdout.strip().splitlines()[-1]))
     importers = [int(line) for line in log.read_text().split()]
-    assert len(worker_pids) == 4, "two loaders of two worker processes"
+    # Two loaders of two worker processes (one may have served no batch).
+    assert 2 <= len(worker_pids) <= 4, worker_pids
     # The loader's process, then the fork server: no worker imported it.
     assert len(importers) == 2 and not worker_pids & set(importers), importers
 

@@ -69,12 +69,17 @@ def sizes_and_indices(batches):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(in_order=False), dict(sampler=DeclaredShuffle(16))],
-    ids=["in_order=False", "in_order=None, shuffling sampler"],
+    [
+        dict(in_order=False, sample_timeout=None),
+        # In the sampler's order but for a late sample: past the timeout.
+        dict(sampler=DeclaredShuffle(16), sample_timeout=0.05),
+        dict(sampler=DeclaredShuffle(16)),  # "auto": late past its floor
+    ],
+    ids=["in_order=False", "in_order=None, shuffling sampler", "in_order=None, auto"],
 )
 def test_a_slow_sample_lands_in_a_later_batch(kwargs) -> None:
     dataset = Blocking(16, blocked={0})
-    loader = minato.DataLoader(dataset, batch_size=4, num_workers=2, sample_timeout=None, **kwargs)
+    loader = minato.DataLoader(dataset, batch_size=4, num_workers=2, **kwargs)
     it = iter(loader)
     first = next(it).tolist()
     assert 0 not in first and len(first) == 4  # built while sample 0 is still loading

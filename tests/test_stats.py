@@ -128,6 +128,7 @@ class _FakeEngine:
             gil_wait=gil_wait,
             queue_occupancy=0.1,
             slow_samples=0,
+            moved_samples=0,
             sample_timeout=None,
             fetch_p50=0.001,
             fetch_p90=0.002,

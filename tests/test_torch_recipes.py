@@ -282,12 +282,17 @@ def test_seed_worker_gives_each_worker_its_process_streams(persistent: bool) -> 
                 # torch.initial_seed() in a worker is that worker's seed.
                 assert sample["initial_seed"] == sample["seed"], loader_type
             seeds.append({sample["worker"]: sample["seed"] for sample in epoch})
-        # A persistent worker's streams go on from one epoch to the next.
+        # torch: a persistent worker's streams go on from one epoch to the
+        # next. minato seeds each sample's draws from the epoch's seed and
+        # its position instead (see test_reproducibility.py): which worker
+        # loads it does not matter.
         runs, run_seeds = epochs, seeds
         if persistent:
             runs = [[sample for epoch in epochs for sample in epoch]]
             run_seeds = [{w: seed for epoch_seeds in seeds for w, seed in epoch_seeds.items()}]
         for run, epoch_seeds in zip(runs, run_seeds, strict=True):
+            if loader_type is minato.DataLoader:
+                break
             for worker, stream in worker_streams(run).items():
                 assert stream == expected_stream(epoch_seeds[worker], len(stream)), loader_type
         for epoch_seeds in seeds:
@@ -304,6 +309,20 @@ def test_seed_worker_augmentations_differ_between_workers_and_epochs() -> None:
     epochs, _ = run_seeded(minato.DataLoader, 3)
     values = [sample["random"] for epoch in epochs for sample in epoch]
     assert len(set(values)) == len(values) == 48
+
+
+def draws_by_index(epochs: list[list[dict]]) -> list[dict[int, tuple]]:
+    return [{s["index"]: (s["random"], s["numpy"], s["torch"]) for s in epoch} for epoch in epochs]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_seed_worker_runs_repeat_whatever_the_pool(persistent: bool) -> None:
+    """With seed_worker in worker_init_fn and a seeded generator, each
+    sample draws the same numbers run after run, whichever worker loads it
+    and however many workers there are."""
+    first, _ = run_seeded(minato.DataLoader, 3, persistent_workers=persistent)
+    again, _ = run_seeded(minato.DataLoader, 3, persistent_workers=persistent)
+    assert draws_by_index(first) == draws_by_index(again)
 
 
 def test_same_generator_same_base_seeds_as_torch() -> None:

@@ -35,13 +35,14 @@ pub(crate) struct PySampleEngine {
 impl PySampleEngine {
     #[new]
     #[allow(clippy::too_many_arguments)] // one per keyword argument
-    #[pyo3(signature = (make_worker, collate, *, collate_here, skipped_type, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace, max_workers=None, drop_last=false))]
+    #[pyo3(signature = (make_worker, collate, *, collate_here, skipped_type, in_sequence, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace, max_workers=None, drop_last=false))]
     fn new(
         py: Python<'_>,
         make_worker: Py<PyAny>,
         collate: Py<PyAny>,
         collate_here: Option<Py<PyAny>>,
         skipped_type: Py<PyAny>,
+        in_sequence: bool,
         num_workers: usize,
         max_samples_in_flight: usize,
         max_batch_size: usize,
@@ -74,6 +75,7 @@ impl PySampleEngine {
             shutdown_grace: Duration::from_secs_f64(shutdown_grace.max(0.0)),
             adaptive: stats::adaptive(num_workers, max_workers),
             drop_last,
+            in_sequence,
         };
         let gil_wait = GilWait::default();
         let hooks = PythonSampleWorker {

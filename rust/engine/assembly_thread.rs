@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::{select, unbounded, Receiver, Sender};
+use crossbeam_channel::{after, never, select, unbounded, Receiver, Sender};
 
 use super::collate::Collate;
 use super::error::EngineError;
@@ -112,7 +112,11 @@ fn run<S, W, C>(
     W: WorkerHooks<Output = Vec<Sample<S>>>,
     C: Collate<S>,
 {
+    // Set while the next batch waits for a sample not yet late: it may be
+    // late by then, and move on without it.
+    let mut wake_in: Option<Duration> = None;
     loop {
+        let wake = wake_in.map_or_else(never, after);
         let done = select! {
             recv(results) -> done => match done {
                 Ok(done) => Some(done),
@@ -122,26 +126,29 @@ fn run<S, W, C>(
                 Ok(Control::Check) => None,
                 Ok(Control::Stop) | Err(_) => return,
             },
+            recv(wake) -> _ => None,
         };
-        if !assemble(shared, done, collate, output) {
-            return;
+        match assemble(shared, done, collate, output) {
+            Some(next) => wake_in = next,
+            None => return,
         }
     }
 }
 
 /// Takes in `done`, then collates and sends every batch it completed.
-/// Returns false once the consumer is gone.
+/// Returns when to look again without news (the next batch waits for a
+/// sample that may be late by then), or None once the consumer is gone.
 fn assemble<S, W, C>(
     shared: &SampleShared<S, W>,
     done: Option<Done<Vec<Sample<S>>>>,
     collate: &C,
     output: &Sender<Output<C::Batch>>,
-) -> bool
+) -> Option<Option<Duration>>
 where
     W: WorkerHooks<Output = Vec<Sample<S>>>,
     C: Collate<S>,
 {
-    let (epoch, batches, changed) = {
+    let (epoch, batches, changed, wake_in) = {
         let mut core = shared.lock();
         if let Some(done) = done {
             core.workers.received(done.worker);
@@ -150,7 +157,12 @@ where
         }
         let batches = core.take_ready();
         let changed = batches.is_empty() && core.no_batch_coming().is_some();
-        (core.workers.epoch(), batches, changed)
+        (
+            core.workers.epoch(),
+            batches,
+            changed,
+            core.assembler.wake_in(),
+        )
     };
     for batch in batches {
         let samples = batch.len();
@@ -165,7 +177,7 @@ where
                     })
                     .is_err()
                 {
-                    return false;
+                    return None;
                 }
             }
             Err(payload) => {
@@ -175,10 +187,15 @@ where
                 }
                 drop(core);
                 if output.send(Output::Changed).is_err() {
-                    return false;
+                    return None;
                 }
             }
         }
     }
-    !changed || output.send(Output::Changed).is_ok()
+    if changed && output.send(Output::Changed).is_err() {
+        return None;
+    }
+    // A batch delivered may have been held by a sample that is no longer
+    // pending: the next one is looked at afresh on the next news.
+    Some(wake_in)
 }

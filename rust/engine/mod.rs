@@ -19,6 +19,7 @@ mod monitor;
 mod pool;
 mod sample_core;
 mod sample_scheduler;
+mod sample_sequence;
 mod sample_timeout;
 mod scheduler;
 mod sequencer;

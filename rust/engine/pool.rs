@@ -64,6 +64,8 @@ pub trait WorkerHooks: Send + Sync + 'static {
 
 /// A task a worker is running, as the timeout monitor sees it.
 struct Busy {
+    /// The task's sequence number.
+    seq: u64,
     started: Instant,
     /// Its worker's pauses, which do not count toward the timeout.
     clock: TaskClock,
@@ -360,6 +362,19 @@ impl<W: WorkerHooks> Pool<W> {
             .sum()
     }
 
+    /// How long task `seq` has worked so far (its pauses, such as waits
+    /// for the GIL, left out), and its samples, while a worker runs it;
+    /// None otherwise.
+    pub fn task_worked(&self, seq: u64) -> Option<(Duration, usize)> {
+        let now = Instant::now();
+        let state = self.shared.state();
+        let busy = state.busy.values().find(|busy| busy.seq == seq)?;
+        let worked = now
+            .duration_since(busy.started)
+            .saturating_sub(busy.clock.paused(now));
+        Some((worked, busy.samples))
+    }
+
     /// Workers started and not yet running their loop.
     pub fn starting_workers(&self) -> usize {
         self.shared.state().starting
@@ -619,6 +634,7 @@ fn worker_main<W: WorkerHooks>(
                 Finished::Cancelled
             } else {
                 let busy = Busy {
+                    seq: task.seq,
                     started,
                     clock: clock.clone(),
                     samples: task.samples,

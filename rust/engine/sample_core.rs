@@ -3,13 +3,14 @@
 //! batches and hands them to the collator).
 
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::assembler::Assembler;
 use super::error::EngineError;
 use super::fetch_times::FetchTimes;
 use super::monitor::{store_timeout, SharedTimeout};
 use super::pool::WorkerHooks;
+use super::sample_sequence::Lateness;
 use super::sample_timeout::TimeoutEstimator;
 use super::task::{Done, Finished, Outcome, Sample};
 use super::workers::Workers;
@@ -127,7 +128,7 @@ where
                 if done.slow {
                     self.slow_samples += done.samples as u64;
                 }
-                self.assembler.finished(samples, done.slow);
+                self.assembler.finished(done.seq, samples, done.slow);
             }
             Finished::Ran(_) | Finished::Cancelled => {
                 self.broken = Some(EngineError::WorkerPanicked {
@@ -147,7 +148,11 @@ where
     /// Every batch whose samples are ready, taken from the assembler in
     /// order; the consumer counts them as coming.
     pub fn take_ready(&mut self) -> Vec<Vec<S>> {
-        let batches: Vec<Vec<S>> = std::iter::from_fn(|| self.assembler.pop_batch()).collect();
+        let workers = &self.workers;
+        let late_after = self.timeout.late_after();
+        let assembler = &mut self.assembler;
+        let late = |task: u64| lateness(workers.task_worked(task), late_after);
+        let batches: Vec<Vec<S>> = std::iter::from_fn(|| assembler.pop_batch(late)).collect();
         self.handed_batches += batches.len();
         self.handed_samples += batches.iter().map(Vec::len).sum::<usize>();
         batches
@@ -186,10 +191,33 @@ where
         self.assembler.starved().then_some(EngineError::Starved)
     }
 
+    /// Samples that left their batch, in the sampler's order, while late.
+    pub fn moved_samples(&self) -> u64 {
+        self.assembler.moved()
+    }
+
     /// Forgets the epoch's batches (the workers' epoch moved on first).
     pub fn clear_epoch(&mut self) {
         self.assembler.clear();
         self.handed_batches = 0;
         self.handed_samples = 0;
+    }
+}
+
+/// Where a task stands against `late_after` (per sample: a run of samples
+/// may take as many times as long), from how long it has worked and its
+/// samples (None: still queued, to be looked at again).
+fn lateness(worked: Option<(Duration, usize)>, late_after: Option<Duration>) -> Lateness {
+    let Some(late_after) = late_after else {
+        return Lateness::Never;
+    };
+    let Some((worked, samples)) = worked else {
+        return Lateness::DueIn(late_after);
+    };
+    let limit = late_after.saturating_mul(u32::try_from(samples.max(1)).unwrap_or(u32::MAX));
+    if worked > limit {
+        Lateness::Late
+    } else {
+        Lateness::DueIn(limit - worked)
     }
 }

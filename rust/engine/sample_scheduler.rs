@@ -46,6 +46,10 @@ pub struct SampleEngineConfig {
     /// When skipped samples leave the epoch's last batch short, drop it (the
     /// loader's drop_last: every batch is full) instead of delivering it short.
     pub drop_last: bool,
+    /// Batches keep the sampler's order, but for a sample running late (past
+    /// `TimeoutEstimator::late_after`), which joins a later batch; otherwise
+    /// each batch takes whichever samples finished first.
+    pub in_sequence: bool,
 }
 
 /// A task should take at least this long, so that the per-task cost
@@ -127,7 +131,7 @@ where
         let results = workers.results();
         let core = SampleCore::new(
             workers,
-            Assembler::new(config.drop_last),
+            Assembler::new(config.drop_last, config.in_sequence),
             timeout,
             shared_timeout,
             FetchTimes::new(FETCH_WINDOW),
@@ -179,6 +183,7 @@ where
         let core = self.shared.lock();
         EngineStats {
             slow_samples: core.slow_samples,
+            moved_samples: core.moved_samples(),
             sample_timeout: core.timeout.current(),
             ..core.workers.stats()
         }
@@ -237,7 +242,8 @@ where
     }
 
     /// Queues one batch's samples; the batch delivered in its place has the
-    /// same size, built from whichever samples are ready first.
+    /// same size, built from its own samples in order (but for late ones),
+    /// or from whichever samples are ready first.
     pub fn submit(&mut self, batch: Vec<P>) -> Result<(), EngineError> {
         let mut core = self.shared.lock();
         if core.workers.is_shut_down() {
@@ -261,7 +267,9 @@ where
         while samples.peek().is_some() {
             let run: Vec<P> = samples.by_ref().take(run_length).collect();
             let len = run.len();
+            let task = core.workers.next_seq();
             core.workers.send(run, len)?;
+            core.assembler.sent(task, len);
         }
         drop(core);
         if check {

@@ -37,6 +37,14 @@ const FLAGGED_WINDOW: usize = 256;
 /// before a task is left out of fetch times: see `TaskClock`.)
 const MIN_AUTO_TIMEOUT: Duration = Duration::from_millis(1);
 
+/// Where batches keep the sampler's order, a sample leaves its batch only
+/// once it has run this many times the median fetch time...
+const LATE_FACTOR: u32 = 8;
+/// ...and at least this long (and `LATE_FACTOR` times the automatic
+/// timeout's floor): ordinary jitter, a GC pause, a worker's first task must
+/// not move samples, or a seeded run would not repeat.
+const LATE_FLOOR: Duration = Duration::from_millis(100);
+
 /// Keeps the current timeout from the fetch times workers report.
 pub(crate) struct TimeoutEstimator {
     policy: SampleTimeout,
@@ -81,6 +89,23 @@ impl TimeoutEstimator {
     /// The timeout per sample now; None while warming up or when off.
     pub fn current(&self) -> Option<Duration> {
         self.current
+    }
+
+    /// How long a sample may run before it leaves its batch, where batches
+    /// keep the sampler's order: a fixed timeout as given; automatically,
+    /// `LATE_FACTOR` times the median of recent fetch times, at least
+    /// `LATE_FLOOR` (and `LATE_FACTOR` times the timeout's floor: a worker
+    /// process's round trip); never when off.
+    pub fn late_after(&self) -> Option<Duration> {
+        match self.policy {
+            SampleTimeout::Off => None,
+            SampleTimeout::Fixed(timeout) => Some(timeout),
+            SampleTimeout::Auto { .. } => {
+                let floor = LATE_FLOOR.max(self.min_auto.saturating_mul(LATE_FACTOR));
+                let median = self.times.percentile(0.5).unwrap_or_default();
+                Some(median.saturating_mul(LATE_FACTOR).max(floor))
+            }
+        }
     }
 
     /// Records `samples` samples that took `per_sample` each; `slow` when flagged.
@@ -149,6 +174,21 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_sample_is_late_past_eight_medians_and_never_before_the_floor() {
+        let mut auto = TimeoutEstimator::new(SampleTimeout::Auto { warmup: 4 });
+        assert_eq!(auto.late_after(), Some(LATE_FLOOR), "before any sample");
+        auto.record(ms(2), 64, false);
+        assert_eq!(auto.late_after(), Some(LATE_FLOOR));
+        auto.record(ms(40), 200, false);
+        assert_eq!(auto.late_after(), Some(ms(320)));
+        auto.set_min_auto(ms(50));
+        assert_eq!(auto.late_after(), Some(ms(400)), "a worker process's floor");
+        let fixed = TimeoutEstimator::new(SampleTimeout::Fixed(ms(5)));
+        assert_eq!(fixed.late_after(), Some(ms(5)));
+        assert_eq!(TimeoutEstimator::new(SampleTimeout::Off).late_after(), None);
     }
 
     #[test]

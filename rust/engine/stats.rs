@@ -26,6 +26,9 @@ pub struct EngineStats {
     /// asking for the next (the training loop's own work); None before one.
     pub loop_step: Option<Duration>,
     pub slow_samples: u64,
+    /// Samples that left their batch while late, where batches keep the
+    /// sampler's order.
+    pub moved_samples: u64,
     pub sample_timeout: Option<Duration>,
     pub fetch_p50: Option<Duration>,
     pub fetch_p90: Option<Duration>,

@@ -340,6 +340,23 @@ fn start_samples(
     sample_timeout: SampleTimeout,
     max_slow_in_flight: usize,
 ) -> (Samples, Arc<AtomicUsize>) {
+    start_samples_with(
+        num_workers,
+        max_samples_in_flight,
+        sample_timeout,
+        max_slow_in_flight,
+        false,
+    )
+}
+
+/// `start_samples`; with `in_sequence`, batches keep the order submitted.
+fn start_samples_with(
+    num_workers: usize,
+    max_samples_in_flight: usize,
+    sample_timeout: SampleTimeout,
+    max_slow_in_flight: usize,
+    in_sequence: bool,
+) -> (Samples, Arc<AtomicUsize>) {
     let inside = Arc::new(AtomicUsize::new(0));
     let config = SampleEngineConfig {
         num_workers,
@@ -350,6 +367,7 @@ fn start_samples(
         shutdown_grace: Duration::from_secs(10),
         adaptive: None,
         drop_last: false,
+        in_sequence,
     };
     let engine = Samples::start(
         config,
@@ -449,6 +467,50 @@ fn a_slow_sample_does_not_hold_up_its_batch() {
 }
 
 #[test]
+fn in_sequence_batches_keep_the_order_submitted_whatever_the_timing() {
+    let (mut engine, _) = start_samples_with(3, 32, SampleTimeout::Auto { warmup: 4 }, 3, true);
+    // Uneven costs, all far below the late threshold (at least 100 ms).
+    let sleeps = [3_000, 0, 200, 15_000, 0, 1_000, 0];
+    let sizes = [4, 4, 4, 3, 4, 4, 1];
+    let batches = run_batches(&mut engine, &sizes, &sleeps);
+    let mut next = 0u64;
+    let expected: Vec<Vec<u64>> = sizes
+        .iter()
+        .map(|&size| {
+            let batch = (next..next + size as u64).collect();
+            next += size as u64;
+            batch
+        })
+        .collect();
+    assert_eq!(batches, expected);
+    assert_eq!(engine.stats().moved_samples, 0);
+}
+
+#[test]
+fn in_sequence_a_late_sample_joins_a_later_batch_and_is_counted() {
+    let (mut engine, _) = start_samples_with(
+        2,
+        16,
+        SampleTimeout::Fixed(Duration::from_millis(20)),
+        2,
+        true,
+    );
+    // Sample 0 takes 400 ms, past the 20 ms fixed timeout; the rest are instant.
+    engine
+        .submit(
+            (0..4)
+                .map(|v| (v, if v == 0 { 400_000 } else { 0 }))
+                .collect(),
+        )
+        .unwrap();
+    engine.submit((4..8).map(|v| (v, 0)).collect()).unwrap();
+    assert_eq!(engine.recv(WAIT), Ok(vec![1, 2, 3, 4]));
+    assert_eq!(engine.recv(WAIT), Ok(vec![0, 5, 6, 7]));
+    assert_eq!(engine.stats().moved_samples, 1);
+    assert_eq!(engine.recv(WAIT), Err(EngineError::Idle));
+}
+
+#[test]
 fn a_worker_past_the_timeout_gets_a_replacement_which_retires_after() {
     let (mut engine, inside) =
         start_samples(2, 64, SampleTimeout::Fixed(Duration::from_millis(20)), 4);
@@ -543,6 +605,7 @@ fn start_collating(panic_on: Option<u64>) -> (Collating, Arc<AtomicUsize>) {
         shutdown_grace: Duration::from_secs(10),
         adaptive: None,
         drop_last: false,
+        in_sequence: false,
     };
     let hooks = SampleHooks {
         inside: Arc::new(AtomicUsize::new(0)),
@@ -656,6 +719,7 @@ fn start_waiting(wait: Duration, report: bool, sample_timeout: SampleTimeout) ->
         shutdown_grace: Duration::from_secs(10),
         adaptive: None,
         drop_last: false,
+        in_sequence: false,
     };
     let samples = SampleHooks {
         inside: Arc::new(AtomicUsize::new(0)),
@@ -782,12 +846,18 @@ proptest! {
         batches_in_flight in 1usize..4,
         timeout_us in prop::option::of(prop::sample::select(vec![100u64, 1_000, 5_000])),
         max_slow in 0usize..4,
+        in_sequence in any::<bool>(),
     ) {
         let bound = batches_in_flight * 8;
         let timeout = timeout_us.map_or(SampleTimeout::Off, |us| SampleTimeout::Fixed(Duration::from_micros(us)));
-        let (mut engine, inside) = start_samples(workers, bound, timeout, max_slow);
+        let (mut engine, inside) = start_samples_with(workers, bound, timeout, max_slow, in_sequence);
         let batches = run_batches(&mut engine, &sizes, &sleeps);
         prop_assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), sizes.clone());
+        if in_sequence && timeout_us.is_none() {
+            // Nothing is ever late: the batches are the submitted ones.
+            let flat: Vec<u64> = batches.iter().flatten().copied().collect();
+            prop_assert_eq!(flat, (0..sizes.iter().sum::<usize>() as u64).collect::<Vec<_>>());
+        }
         let mut values: Vec<u64> = batches.into_iter().flatten().collect();
         values.sort_unstable();
         prop_assert_eq!(values, (0..sizes.iter().sum::<usize>() as u64).collect::<Vec<_>>());
@@ -811,6 +881,7 @@ proptest! {
         workers in 1usize..4,
         batches_in_flight in 1usize..4,
         drop_last in any::<bool>(),
+        in_sequence in any::<bool>(),
     ) {
         let inside = Arc::new(AtomicUsize::new(0));
         let config = SampleEngineConfig {
@@ -822,6 +893,7 @@ proptest! {
             shutdown_grace: Duration::from_secs(10),
             adaptive: None,
             drop_last,
+            in_sequence,
         };
         let mut engine = Samples::start(config, SampleHooks { inside: inside.clone() }).unwrap();
         let (batches, mut skipped) = run_batches_skipping(&mut engine, &sizes, &pattern);

@@ -155,6 +155,12 @@ impl<W: WorkerHooks> Workers<W> {
         self.pool.shared.epoch.load(Ordering::Acquire)
     }
 
+    /// How long task `seq` has worked so far, and its samples, while a
+    /// worker runs it.
+    pub fn task_worked(&self, seq: u64) -> Option<(Duration, usize)> {
+        self.pool.task_worked(seq)
+    }
+
     /// The sequence number the next task will get.
     pub fn next_seq(&self) -> u64 {
         self.next_seq

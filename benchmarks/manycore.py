@@ -1,0 +1,147 @@
+"""Many cores on two: the loader's own cost when N workers could deliver N/d samples/s.
+
+Each sample's work is a GIL-free ``time.sleep(d)`` (as minato.io's decoders
+and file reads release the GIL) returning a (224, 224, 3) uint8 tensor and
+its index, so N workers can deliver N/d samples/s whatever the core count:
+what falls short of that is the loader's own cost. On a machine whose cores
+are busy decoding, the loader's threads must win a core for every GIL
+hand-over: ``--busy`` stands for that with one spinning process per core.
+
+Every system runs in this one process, one after another, on the same
+workload; the figures are samples/s as a fraction of the ideal N/d, in the
+steady state (after the first batches), and the training process's own CPU
+time per sample (``RUSAGE_SELF``: its threads, not its worker processes).
+
+    python benchmarks/manycore.py [--workers 16 --sleep-ms 3] [--batch 64] [--busy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import resource
+import time
+import warnings
+
+import torch
+import torch.utils.data as tud
+
+import minato
+
+IMAGE = (224, 224, 3)
+WARM_BATCHES = 8
+
+
+class Sleeping(tud.Dataset):
+    def __init__(self, samples: int, sleep_s: float) -> None:
+        self.samples, self.sleep_s = samples, sleep_s
+        self.image = torch.zeros(IMAGE, dtype=torch.uint8)
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, index: int):
+        time.sleep(self.sleep_s)
+        return self.image.clone(), index
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def _self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(make_loader) -> tuple[float, float]:
+    """(samples/s, CPU seconds per sample) after the first batches."""
+    loader = make_loader()
+    iterator = iter(loader)
+    for _ in range(WARM_BATCHES):
+        next(iterator)
+    samples = 0
+    began, cpu = time.perf_counter(), _self_cpu()
+    for images, _ in iterator:
+        samples += len(images)
+    elapsed, cpu = time.perf_counter() - began, _self_cpu() - cpu
+    del iterator, loader
+    return samples / elapsed, cpu / max(samples, 1)
+
+
+def systems(workers: int) -> dict[str, dict]:
+    return {
+        "torch's DataLoader (processes)": {"torch": True},
+        "minato defaults": {},
+        "minato sample-level threads, fixed pool": {"worker_method": "thread", "adaptive": False},
+        "minato whole batches, threads": {
+            "worker_method": "thread",
+            "adaptive": False,
+            "in_order": True,
+            "sample_timeout": None,
+        },
+        "minato worker processes, sample-level": {"worker_method": "multiprocessing"},
+        "minato worker processes, whole batches": {
+            "worker_method": "multiprocessing",
+            "in_order": True,
+            "sample_timeout": None,
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--sleep-ms", type=float, default=3.0)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=2.0, help="of ideal work per system")
+    parser.add_argument("--busy", action="store_true", help="one spinning process per core")
+    parser.add_argument("--only", action="append", help="systems whose name contains this")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
+    sleep_s = args.sleep_ms / 1000
+    ideal = args.workers / sleep_s
+    samples = int(ideal * args.seconds) + WARM_BATCHES * args.batch
+    spinners = []
+    if args.busy:
+        context = multiprocessing.get_context("fork")
+        spinners = [context.Process(target=_spin, daemon=True) for _ in range(os.cpu_count() or 1)]
+        for spinner in spinners:
+            spinner.start()
+    print(
+        f"# manycore: {args.workers} workers x {args.sleep_ms} ms, batch {args.batch}, "
+        f"{samples} samples, ideal {ideal:,.0f}/s, "
+        f"{'cores kept busy' if args.busy else 'idle cores'}; minato from "
+        f"{os.path.dirname(minato.__file__)}"
+    )
+    try:
+        for name, options in systems(args.workers).items():
+            if args.only and not any(part in name for part in args.only):
+                continue
+            options = dict(options)
+            use_torch = options.pop("torch", False)
+            loader_type = tud.DataLoader if use_torch else minato.DataLoader
+
+            def make(loader_type=loader_type, options=options):
+                return loader_type(
+                    Sleeping(samples, sleep_s),
+                    batch_size=args.batch,
+                    shuffle=True,
+                    num_workers=args.workers,
+                    **options,
+                )
+
+            rate, cpu = measure(make)
+            print(
+                f"  {name:44s} {rate:9,.0f}/s  {rate / ideal:5.2f} of ideal  "
+                f"{cpu * 1e6:6.1f} us CPU/sample"
+            )
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+
+
+if __name__ == "__main__":
+    main()
