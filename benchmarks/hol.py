@@ -81,7 +81,10 @@ def consume(batches, step_s: float) -> tuple[float, int, int]:
 
 def run_minato(ds, workers, step_s, **options):
     loader = minato.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=workers, **options)
-    return consume(loader, step_s)
+    elapsed, seen, peak = consume(loader, step_s)
+    # Samples that left their batch, late (in_order=None); absent before that build.
+    moved = getattr(loader.stats(), "moved_samples", None)
+    return elapsed, seen, peak, moved
 
 
 def run_torch(ds, workers, step_s, in_order=True):
@@ -171,9 +174,10 @@ def main() -> None:
                 elapsed = statistics.median(r[0] for r in runs)
                 assert all(r[1] == len(ds) for r in runs), system
                 peak = max(r[2] for r in runs)
+                moved = [r[3] for r in runs if len(r) > 3 and r[3] is not None]
                 print(
                     f"  {system:<22} {elapsed:6.2f} s  {elapsed / bound:5.2f}x bound"
-                    f"   peak threads +{peak}"
+                    f"   peak threads +{peak}" + (f"   moved {moved}" if moved else "")
                 )
 
 

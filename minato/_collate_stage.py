@@ -93,8 +93,8 @@ def sample_collator(
             # First call on this thread: the generators a worker process would have.
             from minato._worker import bind_thread_rng  # it imports this module
 
-            rng, _ = bind_thread_rng(base_seed, COLLATE_THREAD_SEED_ID)
-            own = local.generator = ThreadGenerator(rng.torch_generator)
+            generators = bind_thread_rng(base_seed, COLLATE_THREAD_SEED_ID)
+            own = local.generator = ThreadGenerator(generators)
         return own
 
     # torch's default_collate and minato's draw no random numbers: they are

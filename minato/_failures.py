@@ -149,22 +149,23 @@ def load_skipping(
     getitems: Any,
     indices: list[Any],
     worker: int | None,
-    before: Callable[[int], None] | None = None,
+    seeding: tuple[Callable[[Any, int], None], Any, list[int]] | None = None,
 ) -> list[Any]:
     """Loads `indices` (with ``__getitems__`` when the dataset has one): for
     each, its sample, or its `SampleFailure` when loading it raised.
-    `before(k)` runs before the k-th is loaded (k=0 before ``__getitems__``)."""
+    `seeding`: (what announces a sample, the epoch's seed, each sample's
+    position), announced before each is loaded (see minato._sample_seed)."""
     if getitems is not None:
-        if before is not None:
-            before(0)
+        if seeding is not None:
+            seeding[0](seeding[1], seeding[2][0])
         try:
             return list(getitems(indices))
         except Exception:
             pass  # load one by one below to find which samples fail
     loaded: list[Any] = []
     for ordinal, index in enumerate(indices):
-        if before is not None:
-            before(ordinal)
+        if seeding is not None:
+            seeding[0](seeding[1], seeding[2][ordinal])
         try:
             loaded.append(dataset[index])
         except Exception:

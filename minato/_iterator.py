@@ -7,6 +7,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from torch._utils import ExceptionWrapper
@@ -706,8 +707,8 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         return True
 
     def _submit(self, engine: Any, tags: list[int], index: Any) -> bool:
-        seed = self._epoch_seed()
-        return bool(engine.submit([(tag, i, seed) for tag, i in zip(tags, index, strict=True)]))
+        seed = repeat(self._epoch_seed(), len(tags))
+        return bool(engine.submit(list(zip(tags, index, seed, strict=True))))
 
     def _engine_skipped(self) -> list[tuple[int | None, SampleFailure]]:
         engine = self._engine

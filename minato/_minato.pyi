@@ -14,8 +14,10 @@ __all__ = [
     "_decode_image",
     "_decode_images_into",
     "_decode_video",
+    "_epoch_seed",
     "_load_npy",
     "_load_npz",
+    "_sample_seed",
     "_stack_into",
     "_worker_computes_in",
 ]
@@ -97,6 +99,11 @@ class DecodeError(ValueError):
 # --- worker threads (rust/bindings/worker.rs) ---
 
 def _worker_computes_in(pid: int | None, /) -> bool: ...
+
+# --- per-sample seeds (rust/bindings/sample_seed.rs) ---
+
+def _epoch_seed(base_seed: int, epoch: int, /) -> int: ...
+def _sample_seed(epoch_seed: int, position: int, /) -> int: ...
 
 # --- collate fast path (rust/bindings/collate.rs) ---
 

@@ -30,7 +30,7 @@ from torch.utils.data._utils import worker as _torch_worker
 
 import minato  # noqa: F401  # the fork server imports the whole package once
 from minato import _ipc
-from minato._sample_seed import process_reseed
+from minato._sample_seed import for_sample_in_process
 from minato._sample_slots import SlotRing
 from minato._thread_random import set_process_initial_seed
 from minato._worker import EXHAUSTED, WORKER_NOUN, WorkerSpec, make_runner
@@ -99,7 +99,7 @@ def main(sock: socket.socket) -> None:
         worker_id,
         contextlib.nullcontext(),
         samples=samples,
-        reseed=process_reseed,
+        for_sample=for_sample_in_process,
     )
     ring = SlotRing()
     while True:

@@ -42,11 +42,23 @@ import torch
 import torch.random
 from torch.overrides import TorchFunctionMode
 
+from minato import _minato
 from minato._warn_once import warn_once
+
+# Which of a thread's generators are still to be seeded for its sample.
+_RANDOM, _NUMPY, _TORCH = 1, 2, 4
+_ALL = _RANDOM | _NUMPY | _TORCH
 
 
 class ThreadGenerators:
-    """One worker thread's stand-ins for the process-wide generators."""
+    """One worker thread's stand-ins for the process-wide generators.
+
+    Where each sample gets draws of its own (minato._sample_seed), the
+    worker announces each sample with :meth:`for_sample`, and a generator is
+    seeded for it the first time it is reached for (through the module
+    functions, torch's random functions, ``WorkerInfo.rng`` or
+    ``torch.thread_safe_generator()``): a sample that draws nothing costs
+    nothing."""
 
     def __init__(
         self,
@@ -55,13 +67,73 @@ class ThreadGenerators:
         torch_generator: Any,
         initial_seed: int | None = None,
     ):
-        self.random = random_generator
-        self.numpy = numpy_state  # a numpy.random.RandomState, or None without numpy
-        self.torch = torch_generator
+        self._random = random_generator
+        self._numpy = numpy_state  # a numpy.random.RandomState, or None without numpy
+        self._torch = torch_generator
         # What torch.initial_seed() answers: the worker's seed, or the last
-        # one the worker's own code set (minato's per-sample seeding, see
-        # minato._sample_seed, leaves it).
+        # one the worker's own code set (per-sample seeding leaves it).
         self.initial_seed = initial_seed
+        # WorkerInfo.rng, where the thread is a worker (a SampleRNG).
+        self.worker_rng: Any = None
+        # (the epoch's seed, the position) of the sample being loaded.
+        self._sample: tuple[int, int] = (0, 0)
+        self._due = 0
+
+    def for_sample(self, key: int | None, position: int) -> None:
+        """The sample at `position` of the epoch whose seed is `key` comes
+        next (None: the worker keeps its own streams)."""
+        # Called for every sample: kept to two stores.
+        if key is None:
+            self._due = 0
+        else:
+            self._sample = (key, position)
+            self._due = _ALL
+
+    def _sample_seed(self) -> int:
+        return _minato._sample_seed(*self._sample)
+
+    @property
+    def random(self) -> random.Random:
+        if self._due & _RANDOM:
+            self._due &= ~_RANDOM
+            self._random.seed(self._sample_seed())
+        return self._random
+
+    @property
+    def numpy(self) -> Any:
+        if self._due & _NUMPY:
+            self._due &= ~_NUMPY
+            if self._numpy is not None:
+                self._numpy.seed(self._sample_seed() & 0xFFFF_FFFF)
+        return self._numpy
+
+    @property
+    def torch(self) -> Any:
+        if self._due & _TORCH:
+            self._due &= ~_TORCH
+            self._torch.manual_seed(self._sample_seed())
+        return self._torch
+
+
+class SampleRNG:
+    """``WorkerInfo.rng`` in a worker thread: torch's ``_RNG`` fields, the
+    random and torch generators seeded for the sample first (see
+    :class:`ThreadGenerators`); numpy's ``Generator`` keeps the worker's
+    stream."""
+
+    __slots__ = ("_generators", "numpy_generator")
+
+    def __init__(self, generators: ThreadGenerators, numpy_generator: Any) -> None:
+        self._generators = generators
+        self.numpy_generator = numpy_generator
+
+    @property
+    def random_generator(self) -> random.Random:
+        return self._generators.random
+
+    @property
+    def torch_generator(self) -> Any:
+        return self._generators.torch
 
 
 # In a worker process: what torch.initial_seed() answers there (as in a
@@ -355,9 +427,9 @@ class ThreadGenerator(TorchFunctionMode):
     without a generator use the thread's own, as torch's default generator
     would be that worker process's own."""
 
-    def __init__(self, generator: torch.Generator) -> None:
+    def __init__(self, generators: ThreadGenerators) -> None:
         super().__init__()
-        self.generator = generator
+        self.generators = generators
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         # Every torch call of the worker's comes through here: keep the
@@ -365,7 +437,7 @@ class ThreadGenerator(TorchFunctionMode):
         if func in _RANDOM_FUNCTIONS:
             kwargs = dict(kwargs) if kwargs else {}
             if kwargs.get("generator") is None and _on_cpu(args, kwargs):
-                kwargs["generator"] = self.generator
+                kwargs["generator"] = self.generators.torch
             return func(*args, **kwargs)
         if func in _UNREDIRECTABLE:
             name = _UNREDIRECTABLE[func]

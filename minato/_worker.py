@@ -33,8 +33,14 @@ from minato._failures import (
     next_skipping,
     split_failures,
 )
-from minato._sample_seed import Reseed, sample_seed, thread_reseed
-from minato._thread_random import ThreadGenerator, bind_thread, thread_generators
+from minato._sample_seed import ForSample, Seeding
+from minato._thread_random import (
+    SampleRNG,
+    ThreadGenerator,
+    ThreadGenerators,
+    bind_thread,
+    thread_generators,
+)
 from minato._torch_threads import limit_thread_intra_op
 from minato._worker_dataset import bound_to_copies, worker_dataset
 from minato._worker_error import WorkerError
@@ -112,15 +118,15 @@ def _thread_rng(base_seed: int, worker_id: int) -> Any:
     return rng_type(**fields) if rng_type is not None else types.SimpleNamespace(**fields)
 
 
-def bind_thread_rng(base_seed: int, worker_id: int) -> tuple[Any, Reseed]:
+def bind_thread_rng(base_seed: int, worker_id: int) -> ThreadGenerators:
     """Makes the calling thread's process-wide generators those worker
     `worker_id`'s process would have (see minato._thread_random); returns
-    them (torch's worker ``_RNG``), and what seeds them all for one sample
-    (see minato._sample_seed)."""
+    them."""
     rng = _thread_rng(base_seed, worker_id)
     generators = thread_generators(base_seed, worker_id, rng.torch_generator, rng.random_generator)
+    generators.worker_rng = SampleRNG(generators, rng.numpy_generator)
     bind_thread(generators)
-    return rng, thread_reseed(rng, generators.numpy)
+    return generators
 
 
 def worker_factory(
@@ -151,9 +157,14 @@ def worker_factory(
         if processes is not None and processes.forced:
             # Never on this thread: no copy, no worker_init_fn here.
             return processes.runner(worker_id, samples, None)
-        own_spec, own_generator, reseed = _isolate_thread(spec, worker_id)
+        own_spec, own_generator, for_sample = _isolate_thread(spec, worker_id)
         run = make_runner(
-            own_spec, own_spec.dataset, worker_id, own_generator, samples=samples, reseed=reseed
+            own_spec,
+            own_spec.dataset,
+            worker_id,
+            own_generator,
+            samples=samples,
+            for_sample=for_sample,
         )
         if processes is None:
             return run
@@ -162,7 +173,7 @@ def worker_factory(
     return make_worker
 
 
-def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[WorkerSpec, Any, Reseed]:
+def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[WorkerSpec, Any, ForSample]:
     """What a worker process would have of its own, for this thread: the
     dataset (a copy that shares the data; a ``worker_init_fn`` that is one
     of its methods bound to the copy), one intra-op thread, and the
@@ -175,18 +186,18 @@ def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[WorkerSpec, Any, 
     spec = dataclasses.replace(
         spec, dataset=dataset, worker_init_fn=bound_to_copies(spec.worker_init_fn, copies)
     )
-    rng, reseed = bind_thread_rng(spec.base_seed, worker_id)
+    generators = bind_thread_rng(spec.base_seed, worker_id)
     limit_thread_intra_op(1)
     info = _torch_worker.WorkerInfo(
         id=worker_id,
         num_workers=spec.num_workers,
         seed=spec.base_seed + worker_id,
         dataset=dataset,
-        rng=rng,
+        rng=generators.worker_rng,
         worker_method="thread",
     )
     set_thread_worker_info(info)
-    return spec, ThreadGenerator(rng.torch_generator), reseed
+    return spec, ThreadGenerator(generators), generators.for_sample
 
 
 def make_runner(
@@ -196,14 +207,15 @@ def make_runner(
     own_generator: contextlib.AbstractContextManager[Any],
     *,
     samples: bool,
-    reseed: Reseed,
+    for_sample: ForSample,
 ) -> Callable[[int, Any], Any]:
     """Runs worker_init_fn, then returns the worker's `run` (see worker_factory).
 
     A map-style task carries its epoch's seed (None where workers keep
     their own streams: batches dealt in turn): the worker's generators are
     then seeded for each sample (each batch, loading whole batches) from it
-    and the sample's position (see minato._sample_seed)."""
+    and the sample's position, as `for_sample` announces them (see
+    minato._sample_seed)."""
     # As in torch: a failing worker_init_fn (or iter(dataset)) is
     # reported as the result of the worker's first task.
     init_error: ExceptionWrapper | None = None
@@ -236,8 +248,7 @@ def make_runner(
             return tag, error
         assert fetcher is not None
         with own_generator:
-            if key is not None:
-                reseed(sample_seed(key, tag))
+            for_sample(key, tag)
             output = fetcher.fetch(epoch, index)
         return output if output is EXHAUSTED else (tag, output)
 
@@ -248,13 +259,9 @@ def make_runner(
             return [(tag, error) for tag in tags]
         assert isinstance(fetcher, _MapFetcher)
         key = tagged[0][2]
-
-        def before(ordinal: int) -> None:
-            reseed(sample_seed(key, tags[ordinal]))
-
         with own_generator:
             loaded = fetcher.fetch_samples(
-                [index for _, index, _ in tagged], None if key is None else before
+                [index for _, index, _ in tagged], None if key is None else (for_sample, key, tags)
             )
         return [
             Skipped(tag, sample) if isinstance(sample, SampleFailure) else (tag, sample)
@@ -312,26 +319,33 @@ class _MapFetcher:
             return WorkerError(where=_where(self.worker_id, index, collating=True))
         return sample_count(data, self.auto_collation), batch, failures
 
-    def fetch_samples(
-        self, indices: list[Any], before: Callable[[int], None] | None = None
-    ) -> list[Any]:
+    def fetch_samples(self, indices: list[Any], seeding: Seeding | None = None) -> list[Any]:
         """Single samples, uncollated; a failing one becomes its ExceptionWrapper
-        (its SampleFailure when skipping). `before(k)` runs before the k-th
-        sample is loaded (before a ``__getitems__`` call, with k=0)."""
+        (its SampleFailure when skipping). `seeding`: (what announces a
+        sample, the epoch's seed, each sample's position), announced before
+        each sample is loaded (before a ``__getitems__`` call, the first)."""
         if self.skip_errors:
-            return load_skipping(self.dataset, self.getitems, indices, self.worker_id, before)
+            return load_skipping(self.dataset, self.getitems, indices, self.worker_id, seeding)
         if self.getitems is not None:
-            if before is not None:
-                before(0)
+            if seeding is not None:
+                for_sample, key, positions = seeding
+                for_sample(key, positions[0])
             try:
                 return list(self.getitems(indices))
             except Exception:
                 return [WorkerError(where=_where(self.worker_id, indices))] * len(indices)
         dataset = self.dataset
         samples = []
-        for ordinal, i in enumerate(indices):
-            if before is not None:
-                before(ordinal)
+        if seeding is None:
+            for i in indices:
+                try:
+                    samples.append(dataset[i])
+                except Exception:
+                    samples.append(WorkerError(where=_where(self.worker_id, i)))
+            return samples
+        for_sample, key, positions = seeding
+        for i, position in zip(indices, positions, strict=True):
+            for_sample(key, position)
             try:
                 samples.append(dataset[i])
             except Exception:

@@ -11,6 +11,7 @@ mod io_video;
 mod locked;
 mod sample_collate;
 mod sample_engine;
+mod sample_seed;
 mod stats;
 mod worker;
 
@@ -43,5 +44,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     io_array::register(m)?;
     io_video::register(m)?;
     worker::register(m)?;
+    sample_seed::register(m)?;
     Ok(())
 }
