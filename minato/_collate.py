@@ -20,6 +20,10 @@ from torch.utils.data._utils import collate as _collate
 
 from minato import _minato
 
+# From this many bytes a batch is copied by Rust threads, the GIL released
+# (rust/collate/stack.rs copies in parallel from 1 MiB).
+RUST_FROM_BYTES = 1 << 20
+
 
 def _stack(samples: Sequence[torch.Tensor], pin: bool) -> torch.Tensor | None:
     """The samples stacked as ``torch.stack`` would, or None if torch must do it."""
@@ -41,11 +45,18 @@ def _stack(samples: Sequence[torch.Tensor], pin: bool) -> torch.Tensor | None:
             return None
     contiguous = [sample.contiguous() for sample in samples]
     out = torch.empty((len(samples), *shape), dtype=dtype, pin_memory=pin)
-    nbytes = first.numel() * first.element_size()
-    _minato._stack_into(
-        [(sample.data_ptr(), nbytes) for sample in contiguous], out.data_ptr(), out.nbytes
-    )
+    if out.nbytes < RUST_FROM_BYTES:
+        # A small batch: torch's own stack, straight into `out`, costs less
+        # than making each sample a buffer for Rust.
+        torch.stack(contiguous, out=out)
+    else:
+        _minato._stack_into([_bytes_of(sample) for sample in contiguous], _bytes_of(out))
     return out
+
+
+def _bytes_of(tensor: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU tensor's bytes, as a buffer (numpy's view of them)."""
+    return tensor.reshape(-1).view(torch.uint8).numpy()
 
 
 def _tensor_fn(pin: bool) -> Callable[..., Any]:

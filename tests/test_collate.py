@@ -16,6 +16,7 @@ from hypothesis.extra import numpy as hnp
 from torch.utils.data import default_collate
 
 import minato
+from minato import _minato
 from minato._collate import fast_default_collate
 
 
@@ -223,3 +224,28 @@ def test_a_users_collate_fn_is_left_alone() -> None:
     loader = minato.DataLoader(list(range(10)), batch_size=5, num_workers=2, collate_fn=collate)
     assert [list(b) for b in loader] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
     assert calls == [5, 5]
+
+
+# ---------------------------------------------------------------- _stack_into's arguments
+
+
+def test_stack_into_takes_buffers_and_never_trusts_an_address() -> None:
+    """Raw addresses from Python could crash the process (issue 30): it takes
+    buffers, and refuses what no stack can be written with."""
+    samples = [np.arange(4, dtype=np.uint8), np.arange(4, 8, dtype=np.uint8)]
+    out = np.zeros(8, dtype=np.uint8)
+    _minato._stack_into(samples, out)
+    assert out.tolist() == list(range(8))
+    with pytest.raises(TypeError):
+        _minato._stack_into([(0, 8)], 0)  # type: ignore[list-item]
+    readonly = np.zeros(8, dtype=np.uint8)
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        _minato._stack_into(samples, readonly)
+    with pytest.raises(ValueError, match="overlap"):
+        _minato._stack_into([out[:4], out[4:]], out)
+    strided = np.zeros(16, dtype=np.uint8)[::2]
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _minato._stack_into([strided], np.zeros(8, dtype=np.uint8))
+    with pytest.raises(RuntimeError, match="holds 9 bytes"):
+        _minato._stack_into(samples, np.zeros(9, dtype=np.uint8))

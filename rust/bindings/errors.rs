@@ -90,7 +90,15 @@ impl From<DecodeError> for PyErr {
 
 impl From<StackError> for PyErr {
     fn from(err: StackError) -> PyErr {
-        // torch.stack's error type for samples that do not fit together.
-        PyRuntimeError::new_err(err.to_string())
+        match err {
+            // torch.stack's error type for samples that do not fit together.
+            StackError::OutputSize { .. } | StackError::SampleSize { .. } => {
+                PyRuntimeError::new_err(err.to_string())
+            }
+            // Buffers no stack can be written with.
+            StackError::OutputReadOnly
+            | StackError::NotContiguous { .. }
+            | StackError::Overlaps { .. } => PyValueError::new_err(err.to_string()),
+        }
     }
 }

@@ -12,8 +12,8 @@ use crate::parallel;
 /// the work to minato's thread pool (see [`parallel`]) costs more than the copy.
 const PARALLEL_FROM_BYTES: usize = 1 << 20;
 
-/// Why a stack could not be done; the Python side checks shapes first, so
-/// these mean a caller bug, not bad data.
+/// Why a stack could not be done; the Python side checks shapes first and
+/// allocates the output fresh, so these mean a caller bug, not bad data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StackError {
     /// The output does not hold exactly one sample's bytes per sample.
@@ -28,6 +28,12 @@ pub enum StackError {
         len: usize,
         expected: usize,
     },
+    /// The output buffer is read-only.
+    OutputReadOnly,
+    /// A buffer is not C-contiguous: sample `sample`'s, or the output's (None).
+    NotContiguous { sample: Option<usize> },
+    /// Sample `sample`'s bytes overlap the output's.
+    Overlaps { sample: usize },
 }
 
 impl fmt::Display for StackError {
@@ -49,6 +55,18 @@ impl fmt::Display for StackError {
                 f,
                 "sample {index} has {len} bytes where the first has {expected}"
             ),
+            Self::OutputReadOnly => write!(f, "the batch buffer is read-only"),
+            Self::NotContiguous {
+                sample: Some(index),
+            } => {
+                write!(f, "sample {index}'s buffer is not C-contiguous")
+            }
+            Self::NotContiguous { sample: None } => {
+                write!(f, "the batch buffer is not C-contiguous")
+            }
+            Self::Overlaps { sample } => {
+                write!(f, "sample {sample}'s bytes overlap the batch buffer")
+            }
         }
     }
 }
