@@ -117,11 +117,17 @@ where
         let shared_timeout = Arc::new(AtomicU64::new(0));
         let timeout = TimeoutEstimator::new(config.sample_timeout);
         store_timeout(&shared_timeout, timeout.current());
+        // A batch that skipped samples left short may be filled past the
+        // bound (`has_room`): only while the samples not yet handed over
+        // are fewer than one batch, so at most two batches more are ever in
+        // flight. The queues hold that many tasks too, or a send would find
+        // them full.
+        let max_tasks = max_samples + 2 * max_batch_size;
         let workers = Workers::start(
             hooks,
             Dispatch::Shared,
             config.num_workers,
-            max_samples,
+            max_tasks,
             MonitorConfig {
                 slow_samples: Some((shared_timeout.clone(), config.max_slow_in_flight)),
                 adaptive: config.adaptive,
