@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,23 +148,25 @@ def load_skipping(
     getitems: Any,
     indices: list[Any],
     worker: int | None,
-    seeding: tuple[Callable[[Any, int], None], Any, list[int]] | None = None,
+    run: Any = None,
 ) -> list[Any]:
     """Loads `indices` (with ``__getitems__`` when the dataset has one): for
     each, its sample, or its `SampleFailure` when loading it raised.
-    `seeding`: (what announces a sample, the epoch's seed, each sample's
-    position), announced before each is loaded (see minato._sample_seed)."""
+    `run`: the samples' seeding (a minato._sample_seed.SampleRun), moved on
+    before each is loaded."""
     if getitems is not None:
-        if seeding is not None:
-            seeding[0](seeding[1], seeding[2][0])
+        if run is not None and run.eager is not None:
+            run.eager(run)
         try:
             return list(getitems(indices))
         except Exception:
             pass  # load one by one below to find which samples fail
     loaded: list[Any] = []
     for ordinal, index in enumerate(indices):
-        if seeding is not None:
-            seeding[0](seeding[1], seeding[2][ordinal])
+        if run is not None:
+            run.at = ordinal
+            if run.eager is not None:
+                run.eager(run)
         try:
             loaded.append(dataset[index])
         except Exception:

@@ -30,7 +30,7 @@ from torch.utils.data._utils import worker as _torch_worker
 
 import minato  # noqa: F401  # the fork server imports the whole package once
 from minato import _ipc
-from minato._sample_seed import for_sample_in_process
+from minato._sample_seed import SampleRun, seed_process
 from minato._sample_slots import SlotRing
 from minato._thread_random import set_process_initial_seed
 from minato._worker import EXHAUSTED, WORKER_NOUN, WorkerSpec, make_runner
@@ -58,6 +58,10 @@ def _exit_with_loader(sock: socket.socket) -> None:
         for _, events in poller.poll():
             if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL):
                 os._exit(0)
+
+
+def _no_run(_run: SampleRun | None) -> None:
+    """A worker process's generators are seeded eagerly (`seed_process`)."""
 
 
 def _set_up(spec: WorkerSpec, worker_id: int) -> None:
@@ -99,7 +103,8 @@ def main(sock: socket.socket) -> None:
         worker_id,
         contextlib.nullcontext(),
         samples=samples,
-        for_sample=for_sample_in_process,
+        begin_run=_no_run,
+        eager_seed=seed_process,
     )
     ring = SlotRing()
     while True:

@@ -35,12 +35,27 @@ from minato._minato import _epoch_seed, _sample_seed
 
 _MASK = (1 << 64) - 1
 
-# Announces the sample a worker loads next: (the epoch's seed, or None for
-# the worker's own streams; its position in the epoch).
-ForSample = Callable[[int | None, int], None]
-# A run of samples' seeding: what announces each, the epoch's seed, and
-# each sample's position.
-Seeding = tuple[ForSample, int, list[int]]
+
+class SampleRun:
+    """The samples a worker loads in one task (one, or a whole batch loaded
+    as one): the epoch's seed, each one's position, and which is being
+    loaded (`at`, set by the fetch loop: one store per sample). `eager`
+    seeds the generators as each sample starts, where they cannot be seeded
+    lazily (a worker process's)."""
+
+    __slots__ = ("at", "eager", "key", "positions")
+
+    def __init__(
+        self, key: int, positions: list[int], eager: Callable[[SampleRun], None] | None
+    ) -> None:
+        self.key = key
+        self.positions = positions
+        self.at = 0
+        self.eager = eager
+
+    def seed(self) -> int:
+        """The seed of the sample being loaded."""
+        return _sample_seed(self.key, self.positions[self.at])
 
 
 def epoch_seed(base_seed: int, epoch: int) -> int:
@@ -48,12 +63,10 @@ def epoch_seed(base_seed: int, epoch: int) -> int:
     return _epoch_seed(base_seed & _MASK, epoch)
 
 
-def for_sample_in_process(key: int | None, position: int) -> None:
-    """A worker process's `ForSample`: seeds the process's generators (torch's
+def seed_process(run: SampleRun) -> None:
+    """A worker process's `eager`: seeds the process's generators (torch's
     CPU one: CUDA's are not a worker's to touch)."""
-    if key is None:
-        return
-    seed = _sample_seed(key, position)
+    seed = run.seed()
     torch.default_generator.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed & 0xFFFF_FFFF)

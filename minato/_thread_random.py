@@ -42,23 +42,18 @@ import torch
 import torch.random
 from torch.overrides import TorchFunctionMode
 
-from minato import _minato
 from minato._warn_once import warn_once
-
-# Which of a thread's generators are still to be seeded for its sample.
-_RANDOM, _NUMPY, _TORCH = 1, 2, 4
-_ALL = _RANDOM | _NUMPY | _TORCH
 
 
 class ThreadGenerators:
     """One worker thread's stand-ins for the process-wide generators.
 
     Where each sample gets draws of its own (minato._sample_seed), the
-    worker announces each sample with :meth:`for_sample`, and a generator is
-    seeded for it the first time it is reached for (through the module
-    functions, torch's random functions, ``WorkerInfo.rng`` or
-    ``torch.thread_safe_generator()``): a sample that draws nothing costs
-    nothing."""
+    worker hands over each task's `SampleRun` with :meth:`begin_run`, and a
+    generator is seeded for the sample being loaded the first time it is
+    reached for in it (through the module functions, torch's random
+    functions, ``WorkerInfo.rng`` or ``torch.thread_safe_generator()``): a
+    sample that draws nothing costs nothing."""
 
     def __init__(
         self,
@@ -75,43 +70,37 @@ class ThreadGenerators:
         self.initial_seed = initial_seed
         # WorkerInfo.rng, where the thread is a worker (a SampleRNG).
         self.worker_rng: Any = None
-        # (the epoch's seed, the position) of the sample being loaded.
-        self._sample: tuple[int, int] = (0, 0)
-        self._due = 0
+        self._run: Any = None  # a minato._sample_seed.SampleRun, or None
+        # The sample of the run each generator was last seeded for.
+        self._random_at = self._numpy_at = self._torch_at = -1
 
-    def for_sample(self, key: int | None, position: int) -> None:
-        """The sample at `position` of the epoch whose seed is `key` comes
-        next (None: the worker keeps its own streams)."""
-        # Called for every sample: kept to two stores.
-        if key is None:
-            self._due = 0
-        else:
-            self._sample = (key, position)
-            self._due = _ALL
-
-    def _sample_seed(self) -> int:
-        return _minato._sample_seed(*self._sample)
+    def begin_run(self, run: Any) -> None:
+        """The task's `SampleRun` (None: the worker keeps its own streams)."""
+        self._run = run
+        self._random_at = self._numpy_at = self._torch_at = -1
 
     @property
     def random(self) -> random.Random:
-        if self._due & _RANDOM:
-            self._due &= ~_RANDOM
-            self._random.seed(self._sample_seed())
+        run = self._run
+        if run is not None and run.at != self._random_at:
+            self._random_at = run.at
+            self._random.seed(run.seed())
         return self._random
 
     @property
     def numpy(self) -> Any:
-        if self._due & _NUMPY:
-            self._due &= ~_NUMPY
-            if self._numpy is not None:
-                self._numpy.seed(self._sample_seed() & 0xFFFF_FFFF)
+        run = self._run
+        if run is not None and run.at != self._numpy_at and self._numpy is not None:
+            self._numpy_at = run.at
+            self._numpy.seed(run.seed() & 0xFFFF_FFFF)
         return self._numpy
 
     @property
     def torch(self) -> Any:
-        if self._due & _TORCH:
-            self._due &= ~_TORCH
-            self._torch.manual_seed(self._sample_seed())
+        run = self._run
+        if run is not None and run.at != self._torch_at:
+            self._torch_at = run.at
+            self._torch.manual_seed(run.seed())
         return self._torch
 
 

@@ -33,7 +33,7 @@ from minato._failures import (
     next_skipping,
     split_failures,
 )
-from minato._sample_seed import ForSample, Seeding
+from minato._sample_seed import SampleRun
 from minato._thread_random import (
     SampleRNG,
     ThreadGenerator,
@@ -157,14 +157,14 @@ def worker_factory(
         if processes is not None and processes.forced:
             # Never on this thread: no copy, no worker_init_fn here.
             return processes.runner(worker_id, samples, None)
-        own_spec, own_generator, for_sample = _isolate_thread(spec, worker_id)
+        own_spec, own_generator, begin_run = _isolate_thread(spec, worker_id)
         run = make_runner(
             own_spec,
             own_spec.dataset,
             worker_id,
             own_generator,
             samples=samples,
-            for_sample=for_sample,
+            begin_run=begin_run,
         )
         if processes is None:
             return run
@@ -173,7 +173,9 @@ def worker_factory(
     return make_worker
 
 
-def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[WorkerSpec, Any, ForSample]:
+def _isolate_thread(
+    spec: WorkerSpec, worker_id: int
+) -> tuple[WorkerSpec, Any, Callable[[SampleRun | None], None]]:
     """What a worker process would have of its own, for this thread: the
     dataset (a copy that shares the data; a ``worker_init_fn`` that is one
     of its methods bound to the copy), one intra-op thread, and the
@@ -197,7 +199,7 @@ def _isolate_thread(spec: WorkerSpec, worker_id: int) -> tuple[WorkerSpec, Any, 
         worker_method="thread",
     )
     set_thread_worker_info(info)
-    return spec, ThreadGenerator(generators), generators.for_sample
+    return spec, ThreadGenerator(generators), generators.begin_run
 
 
 def make_runner(
@@ -207,15 +209,17 @@ def make_runner(
     own_generator: contextlib.AbstractContextManager[Any],
     *,
     samples: bool,
-    for_sample: ForSample,
+    begin_run: Callable[[SampleRun | None], None],
+    eager_seed: Callable[[SampleRun], None] | None = None,
 ) -> Callable[[int, Any], Any]:
     """Runs worker_init_fn, then returns the worker's `run` (see worker_factory).
 
     A map-style task carries its epoch's seed (None where workers keep
     their own streams: batches dealt in turn): the worker's generators are
     then seeded for each sample (each batch, loading whole batches) from it
-    and the sample's position, as `for_sample` announces them (see
-    minato._sample_seed)."""
+    and the sample's position (see minato._sample_seed): `begin_run` hands
+    them each task's `SampleRun`, and `eager_seed`, where given, seeds them
+    as each sample starts."""
     # As in torch: a failing worker_init_fn (or iter(dataset)) is
     # reported as the result of the worker's first task.
     init_error: ExceptionWrapper | None = None
@@ -247,8 +251,11 @@ def make_runner(
         if error is not None:
             return tag, error
         assert fetcher is not None
+        sample_run = None if key is None else SampleRun(key, [tag], eager_seed)
+        begin_run(sample_run)
         with own_generator:
-            for_sample(key, tag)
+            if sample_run is not None and eager_seed is not None:
+                eager_seed(sample_run)  # the whole batch draws from the batch's seed
             output = fetcher.fetch(epoch, index)
         return output if output is EXHAUSTED else (tag, output)
 
@@ -259,10 +266,10 @@ def make_runner(
             return [(tag, error) for tag in tags]
         assert isinstance(fetcher, _MapFetcher)
         key = tagged[0][2]
+        run = None if key is None else SampleRun(key, tags, eager_seed)
+        begin_run(run)
         with own_generator:
-            loaded = fetcher.fetch_samples(
-                [index for _, index, _ in tagged], None if key is None else (for_sample, key, tags)
-            )
+            loaded = fetcher.fetch_samples([index for _, index, _ in tagged], run)
         return [
             Skipped(tag, sample) if isinstance(sample, SampleFailure) else (tag, sample)
             for tag, sample in zip(tags, loaded, strict=True)
@@ -319,33 +326,34 @@ class _MapFetcher:
             return WorkerError(where=_where(self.worker_id, index, collating=True))
         return sample_count(data, self.auto_collation), batch, failures
 
-    def fetch_samples(self, indices: list[Any], seeding: Seeding | None = None) -> list[Any]:
+    def fetch_samples(self, indices: list[Any], run: SampleRun | None = None) -> list[Any]:
         """Single samples, uncollated; a failing one becomes its ExceptionWrapper
-        (its SampleFailure when skipping). `seeding`: (what announces a
-        sample, the epoch's seed, each sample's position), announced before
-        each sample is loaded (before a ``__getitems__`` call, the first)."""
+        (its SampleFailure when skipping). `run`: each sample's seeding,
+        moved on before the sample is loaded (a ``__getitems__`` call is
+        seeded for its first)."""
         if self.skip_errors:
-            return load_skipping(self.dataset, self.getitems, indices, self.worker_id, seeding)
+            return load_skipping(self.dataset, self.getitems, indices, self.worker_id, run)
         if self.getitems is not None:
-            if seeding is not None:
-                for_sample, key, positions = seeding
-                for_sample(key, positions[0])
+            if run is not None and run.eager is not None:
+                run.eager(run)
             try:
                 return list(self.getitems(indices))
             except Exception:
                 return [WorkerError(where=_where(self.worker_id, indices))] * len(indices)
         dataset = self.dataset
         samples = []
-        if seeding is None:
+        if run is None:
             for i in indices:
                 try:
                     samples.append(dataset[i])
                 except Exception:
                     samples.append(WorkerError(where=_where(self.worker_id, i)))
             return samples
-        for_sample, key, positions = seeding
-        for i, position in zip(indices, positions, strict=True):
-            for_sample(key, position)
+        eager = run.eager
+        for at, i in enumerate(indices):
+            run.at = at
+            if eager is not None:
+                eager(run)
             try:
                 samples.append(dataset[i])
             except Exception:

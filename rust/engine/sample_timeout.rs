@@ -56,6 +56,10 @@ pub(crate) struct TimeoutEstimator {
     current: Option<Duration>,
     /// The automatic estimate's floor (see `MIN_AUTO_TIMEOUT`).
     min_auto: Duration,
+    /// What `late_after` answers, as last estimated, and the samples
+    /// recorded since.
+    late: Option<Duration>,
+    late_due: u64,
 }
 
 impl TimeoutEstimator {
@@ -64,7 +68,7 @@ impl TimeoutEstimator {
             SampleTimeout::Fixed(timeout) => Some(timeout),
             _ => None,
         };
-        TimeoutEstimator {
+        let mut estimator = TimeoutEstimator {
             policy,
             times: FetchTimes::new(WINDOW),
             flagged: VecDeque::with_capacity(FLAGGED_WINDOW),
@@ -73,7 +77,11 @@ impl TimeoutEstimator {
             high_percentile_updates_left: 0,
             current,
             min_auto: MIN_AUTO_TIMEOUT,
-        }
+            late: None,
+            late_due: UPDATE_EVERY,
+        };
+        estimator.late = estimator.estimate_late();
+        estimator
     }
 
     /// Raises (or lowers) the automatic estimate's floor: where a
@@ -84,6 +92,7 @@ impl TimeoutEstimator {
         if matches!(self.policy, SampleTimeout::Auto { .. }) {
             self.current = self.current.map(|current| current.max(floor));
         }
+        self.late = self.estimate_late();
     }
 
     /// The timeout per sample now; None while warming up or when off.
@@ -95,8 +104,13 @@ impl TimeoutEstimator {
     /// keep the sampler's order: a fixed timeout as given; automatically,
     /// `LATE_FACTOR` times the median of recent fetch times, at least
     /// `LATE_FLOOR` (and `LATE_FACTOR` times the timeout's floor: a worker
-    /// process's round trip); never when off.
+    /// process's round trip); never when off. Re-estimated as the timeout
+    /// is (the median sorts the recent times: not on every call).
     pub fn late_after(&self) -> Option<Duration> {
+        self.late
+    }
+
+    fn estimate_late(&self) -> Option<Duration> {
         match self.policy {
             SampleTimeout::Off => None,
             SampleTimeout::Fixed(timeout) => Some(timeout),
@@ -124,6 +138,12 @@ impl TimeoutEstimator {
             if warmed_up && (self.current.is_none() || self.since_update >= UPDATE_EVERY) {
                 self.update();
             }
+            // Before the warm-up too: the first batches may hold a stuck sample.
+            if self.late_due >= UPDATE_EVERY {
+                self.late = self.estimate_late();
+                self.late_due = 0;
+            }
+            self.late_due += samples as u64;
         }
     }
 
