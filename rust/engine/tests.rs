@@ -931,19 +931,7 @@ fn a_short_batch_filled_past_the_bound_never_finds_the_queues_full() {
     // every third sample skipped; the last batch went in while the one
     // before was short, and its tasks overflowed queues sized to the bound.
     for _ in 0..20 {
-        let inside = Arc::new(AtomicUsize::new(0));
-        let config = SampleEngineConfig {
-            num_workers: 1,
-            max_samples_in_flight: 8,
-            max_batch_size: 8,
-            sample_timeout: SampleTimeout::Off,
-            max_slow_in_flight: 0,
-            shutdown_grace: Duration::from_secs(10),
-            adaptive: None,
-            drop_last: false,
-            in_sequence: false,
-        };
-        let mut engine = Samples::start(config, SampleHooks { inside }).unwrap();
+        let (mut engine, _) = start_samples_with(1, 8, SampleTimeout::Off, 0, false);
         let (batches, skipped) =
             run_batches_skipping(&mut engine, &[2, 1, 4, 8], &[300, SKIP, 300]);
         assert_eq!(
