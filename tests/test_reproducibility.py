@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 
@@ -79,12 +80,18 @@ _PROGRAM = textwrap.dedent(
 )
 
 
+# Away from the checkout: there, `import minato` would find the source
+# folder (without its extension) before the installed package.
+_ELSEWHERE = tempfile.gettempdir()
+
+
 def _run(cases: dict) -> dict:
     result = subprocess.run(
         [sys.executable, "-c", _PROGRAM, json.dumps(cases)],
         capture_output=True,
         text=True,
         timeout=240,
+        cwd=_ELSEWHERE,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -160,6 +167,7 @@ def test_a_seeded_run_resumed_mid_epoch_computes_the_uninterrupted_one() -> None
         capture_output=True,
         text=True,
         timeout=240,
+        cwd=_ELSEWHERE,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {
