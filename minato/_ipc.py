@@ -344,15 +344,12 @@ def dumps(obj: Any, ring: SlotRing | None = None) -> Payload:
         _set_spawning_popen(_StartingWorker(pickler))
     try:
         pickler.dump(obj)
-    except RuntimeError as error:
+    except BaseException as error:
         pickler.unwind()
-        message = _fork_context_message(error)
+        message = _fork_context_message(error) if isinstance(error, RuntimeError) else None
         if message is None:
             raise
         raise RuntimeError(message) from error
-    except BaseException:
-        pickler.unwind()
-        raise
     finally:
         if _set_spawning_popen is not None:
             _set_spawning_popen(None)

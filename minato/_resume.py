@@ -277,16 +277,10 @@ class EpochStream:
             self._carried.extendleft(reversed(self._pending.items()))
             self._pending.clear()
 
-    def _undelivered_tagged(self) -> list[tuple[int, Any]]:
+    def undelivered(self) -> list[tuple[int, Any]]:
+        """Indices taken from the sampler and not delivered, with their tags
+        (positions in the epoch), in the sampler's order."""
         return sorted([*self._pending.items(), *self._carried, *self._buffer], key=_first)
-
-    def undelivered(self) -> list[Any]:
-        """Indices taken from the sampler and not delivered, in the sampler's order."""
-        return [index for _, index in self._undelivered_tagged()]
-
-    def undelivered_tags(self) -> list[int]:
-        """Their tags (positions in the epoch), in the same order."""
-        return [tag for tag, _ in self._undelivered_tagged()]
 
 
 def _first(pair: tuple[int, Any]) -> int:
@@ -454,12 +448,13 @@ class LoaderProgress:
                 "delivered_per_stream": dict(stream.delivered_per_stream),
                 "failures": failures,
             }
+        undelivered = stream.undelivered()
         epoch: dict[str, Any] = {
             "failures": failures,
-            "undelivered": stream.undelivered(),
+            "undelivered": [index for _, index in undelivered],
             # Positions in the epoch, and the epoch's seed: a resumed sample
             # draws what it would have (minato._sample_seed).
-            "undelivered_tags": stream.undelivered_tags(),
+            "undelivered_tags": [tag for tag, _ in undelivered],
             "next_tag": stream.next_tag,
             "seed": stream.seed,
             "pulled": stream.pulled,

@@ -342,18 +342,11 @@ class _MapFetcher:
                 return [WorkerError(where=_where(self.worker_id, indices))] * len(indices)
         dataset = self.dataset
         samples = []
-        if run is None:
-            for i in indices:
-                try:
-                    samples.append(dataset[i])
-                except Exception:
-                    samples.append(WorkerError(where=_where(self.worker_id, i)))
-            return samples
-        eager = run.eager
         for at, i in enumerate(indices):
-            run.at = at
-            if eager is not None:
-                eager(run)
+            if run is not None:
+                run.at = at
+                if run.eager is not None:
+                    run.eager(run)
             try:
                 samples.append(dataset[i])
             except Exception:

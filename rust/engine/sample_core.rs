@@ -149,16 +149,10 @@ where
     /// order; the consumer counts them as coming.
     pub fn take_ready(&mut self) -> Vec<Vec<S>> {
         let workers = &self.workers;
-        let timeout = &self.timeout;
-        // Asked only where a batch waits on a pending sample: the median
-        // it needs sorts the recent fetch times.
-        let mut late_after: Option<Option<Duration>> = None;
-        let mut late = |task: u64| {
-            let limit = *late_after.get_or_insert_with(|| timeout.late_after());
-            lateness(workers.task_worked(task), limit)
-        };
+        let late_after = self.timeout.late_after();
+        let late = |task: u64| lateness(workers.task_worked(task), late_after);
         let assembler = &mut self.assembler;
-        let batches: Vec<Vec<S>> = std::iter::from_fn(|| assembler.pop_batch(&mut late)).collect();
+        let batches: Vec<Vec<S>> = std::iter::from_fn(|| assembler.pop_batch(late)).collect();
         self.handed_batches += batches.len();
         self.handed_samples += batches.iter().map(Vec::len).sum::<usize>();
         batches
