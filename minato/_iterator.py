@@ -7,7 +7,6 @@ import os
 import time
 import weakref
 from collections.abc import Callable
-from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from torch._utils import ExceptionWrapper
@@ -707,8 +706,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         return True
 
     def _submit(self, engine: Any, tags: list[int], index: Any) -> bool:
-        seed = repeat(self._epoch_seed(), len(tags))
-        return bool(engine.submit(list(zip(tags, index, seed, strict=True))))
+        return bool(engine.submit(tags, index, self._epoch_seed()))
 
     def _engine_skipped(self) -> list[tuple[int | None, SampleFailure]]:
         engine = self._engine

@@ -229,6 +229,16 @@ class EpochStream:
                 tag = self._new_tag()
             self._pending[tag] = index
             return [tag], index
+        if not self._carried and not self._buffer and not self.exhausted:
+            # The common case, one whole batch from the sampler: no per-sample Python.
+            pulled = self._pull()  # StopIteration: the epoch is over
+            if len(pulled) == self._batch_size:
+                first = self._next_tag
+                self._next_tag = first + len(pulled)
+                tags = list(range(first, self._next_tag))
+                self._pending.update(zip(tags, pulled, strict=True))
+                return tags, pulled
+            self._buffer.extend((self._new_tag(), index) for index in pulled)
         tags: list[int] = []
         indices: list[Any] = []
         while len(indices) < self._batch_size:

@@ -34,6 +34,8 @@ pub(crate) enum LoaderError {
     /// of it (one the Python iterator was not told about: it restarts its
     /// workers after `os.fork`).
     Forked { pid: u32 },
+    /// A batch was submitted with `tags` tags for `indices` indices.
+    TagsMismatch { tags: usize, indices: usize },
 }
 
 impl From<EngineError> for LoaderError {
@@ -59,6 +61,9 @@ impl From<LoaderError> for PyErr {
                 "this DataLoader's worker threads run in process {pid}; this process is a fork \
                  of it and has none of its threads. Call iter() on the DataLoader in this \
                  process (or create the DataLoader here) to start workers of its own"
+            )),
+            LoaderError::TagsMismatch { tags, indices } => PyValueError::new_err(format!(
+                "a batch was submitted with {tags} tags for {indices} indices"
             )),
         }
     }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::detach;
 use super::errors::LoaderError;
@@ -136,14 +136,36 @@ impl PySampleEngine {
         Ok(self.engine.quick(py, |engine| engine.pending())?)
     }
 
-    /// Queues one batch of indices; always True (the signature of `Engine.submit`).
-    fn submit(&self, py: Python<'_>, indices: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let indices: Vec<Py<PyAny>> = indices
-            .try_iter()?
-            .map(|index| index.map(Bound::unbind))
-            .collect::<PyResult<_>>()?;
+    /// Queues one batch: each index as the task `(tag, index, seed)` a
+    /// worker loads (the epoch's `seed` is the same for all); always True
+    /// (the signature of `Engine.submit`).
+    fn submit(
+        &self,
+        py: Python<'_>,
+        tags: &Bound<'_, PyAny>,
+        indices: &Bound<'_, PyAny>,
+        seed: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let tags: Vec<Bound<'_, PyAny>> = tags.try_iter()?.collect::<PyResult<_>>()?;
+        let indices: Vec<Bound<'_, PyAny>> = indices.try_iter()?.collect::<PyResult<_>>()?;
+        if tags.len() != indices.len() {
+            return Err(LoaderError::TagsMismatch {
+                tags: tags.len(),
+                indices: indices.len(),
+            }
+            .into());
+        }
+        let tasks = tags
+            .into_iter()
+            .zip(indices)
+            .map(|(tag, index)| {
+                Ok(PyTuple::new(py, [tag, index, seed.clone()])?
+                    .into_any()
+                    .unbind())
+            })
+            .collect::<PyResult<Vec<Py<PyAny>>>>()?;
         self.engine
-            .quick(py, |engine| engine.submit(indices))?
+            .quick(py, |engine| engine.submit(tasks))?
             .map_err(LoaderError::from)?;
         Ok(true)
     }
