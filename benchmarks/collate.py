@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from minato._collate import fast_default_collate
+from minato._loader.collate import fast_default_collate
 
 BATCH = 64
 

@@ -105,11 +105,11 @@ class DecodedImages(tud.Dataset):
 
 def without_thread_limit() -> None:
     """minato as it was before worker threads got one intra-op thread each."""
-    import minato._collate_stage
-    import minato._worker
+    import minato._loader.collate_stage
+    import minato._task.runner
 
-    minato._worker.limit_thread_intra_op = lambda nthreads=1: False
-    minato._collate_stage.limit_thread_intra_op = lambda nthreads=1: False
+    minato._task.runner.limit_thread_intra_op = lambda nthreads=1: False
+    minato._loader.collate_stage.limit_thread_intra_op = lambda nthreads=1: False
 
 
 class Utilisation:

@@ -61,7 +61,7 @@ class PathDataset(tud.Dataset):
 def memory_child(paths: int, workers: int, copies: bool) -> None:
     """Runs in a subprocess: one epoch, then prints the peak RSS in MiB."""
     if not copies:
-        import minato._worker as worker
+        import minato._task.runner as worker
 
         worker.worker_dataset = lambda dataset: dataset
     dataset = PathDataset(paths)
@@ -136,8 +136,8 @@ class _NoMode:
 def augment_rate(samples: int, decode: bool, system: str) -> float:
     """samples/s over one epoch; system: "on" or "off" (minato with the
     per-thread generator mode or without it), or "torch" (2 processes)."""
-    import minato._worker as worker
-    from minato._thread_random import ThreadGenerator
+    import minato._task.runner as worker
+    from minato._thread.generators import ThreadGenerator
 
     worker.ThreadGenerator = _NoMode if system == "off" else ThreadGenerator  # type: ignore[misc]
     dataset = Augmented(samples, decode)

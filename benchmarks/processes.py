@@ -190,7 +190,7 @@ def peak_tree_pss_mb(system: str, workers: int) -> float:
         nonlocal peak
         while running:
             pids = _tree(os.getpid())
-            zygote = getattr(minato._process, "_the_zygote", None)
+            zygote = getattr(minato._process.workers, "_the_zygote", None)
             if zygote is not None:
                 pids = sorted(set(pids) | set(_tree(zygote.process.pid)))
             peak = max(peak, _pss_mb(pids))

@@ -1,6 +1,6 @@
 """A worker process's payloads through fresh shared memory or its ring of slots.
 
-Both sides of minato._ipc in this one process, as a worker process and the
+Both sides of minato._process.ipc in this one process, as a worker process and the
 loader run them: the worker pickles a sample (its image tensor copied into
 shared memory), the loader unpickles 16 of them and stacks them into a
 batch, as ``default_collate`` does, then drops the samples (their slots go
@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from minato import _ipc
-from minato._sample_slots import SlotLeases, SlotRing
+from minato._process import ipc as _ipc
+from minato._process.slots import SlotLeases, SlotRing
 
 BATCH = 16
 

@@ -140,7 +140,7 @@ def child_count() -> int:
     """Child processes, minato's worker processes included (they are children
     of its fork server); the fork server itself, one per process started the
     first time worker processes are wanted, is not counted."""
-    zygote = getattr(minato._process, "_the_zygote", None)
+    zygote = getattr(minato._process.workers, "_the_zygote", None)
     server = zygote.process.pid if zygote is not None and zygote.pid == os.getpid() else None
     parents = {os.getpid(), server}
     children = 0

@@ -8,9 +8,9 @@ and the loader's workers become threads run by a Rust engine instead of
 processes: no start-up cost, no copied memory, no inter-process transfer.
 """
 
-from minato._failures import SampleFailure, TooManyFailures
-from minato._stats import LoaderStats
-from minato._torch_threads import install as _install_thread_support
+from minato._loader.stats import LoaderStats
+from minato._task.failures import SampleFailure, TooManyFailures
+from minato._thread.torch_threads import install as _install_thread_support
 from minato.dataloader import DataLoader
 
 _install_thread_support()

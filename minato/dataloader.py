@@ -8,18 +8,18 @@ from typing import Any, TypeVar
 import torch.utils.data
 from torch.utils.data import Dataset, Sampler
 
-from minato._device import resolve_device
-from minato._failures import check_failure_options
-from minato._iterator import (
+from minato._loader.device import resolve_device
+from minato._loader.iterator import (
     _CallingThreadDataLoaderIter,
     _SampleDataLoaderIter,
     _ThreadDataLoaderIter,
 )
-from minato._process import warm_up
-from minato._resume import LoaderProgress
-from minato._stats import LoaderStats, StatsRecorder
-from minato._worker_method import WorkerMethod, check_worker_method
-from minato._worker_priority import DEFAULT_WORKER_NICE, check_worker_nice
+from minato._loader.resume import LoaderProgress
+from minato._loader.stats import LoaderStats, StatsRecorder
+from minato._process.method import WorkerMethod, check_worker_method
+from minato._process.workers import warm_up
+from minato._task.failures import check_failure_options
+from minato._util.priority import DEFAULT_WORKER_NICE, check_worker_nice
 
 # Samples profiled before sample_timeout="auto" sets its first timeout.
 DEFAULT_TIMEOUT_WARMUP = 64

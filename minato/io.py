@@ -14,9 +14,9 @@ Bad input raises :class:`DecodeError` (a ``ValueError``) naming the format and
 the reason; it never crashes the process.
 """
 
-from minato._io_array import load_npy, load_npz
-from minato._io_image import DEFAULT_MAX_PIXELS, decode_image, decode_images
-from minato._io_video import decode_video
+from minato._io.array import load_npy, load_npz
+from minato._io.image import DEFAULT_MAX_PIXELS, decode_image, decode_images
+from minato._io.video import decode_video
 from minato._minato import DecodeError
 
 __all__ = [

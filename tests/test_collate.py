@@ -17,7 +17,7 @@ from torch.utils.data import default_collate
 
 import minato
 from minato import _minato
-from minato._collate import fast_default_collate
+from minato._loader.collate import fast_default_collate
 
 
 class Point(NamedTuple):

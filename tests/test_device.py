@@ -8,7 +8,7 @@ import torch.utils.data as tud
 from helpers import assert_same
 
 import minato
-from minato._device import to_device
+from minato._loader.device import to_device
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 
@@ -86,9 +86,9 @@ def fake_cuda_stage(monkeypatch: pytest.MonkeyPatch) -> None:
     own bookkeeping: order, prefetch depth, failures, resume tags."""
     import contextlib
 
-    import minato._collate_stage as collate_stage
-    import minato._device as device_module
-    import minato._iterator as iterator_module
+    import minato._loader.collate_stage as collate_stage
+    import minato._loader.device as device_module
+    import minato._loader.iterator as iterator_module
 
     consumer = _FakeStream()
     monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)

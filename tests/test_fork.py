@@ -30,8 +30,8 @@ from torch.utils.data._utils.collate import default_collate
 
 import minato
 import minato.io
-from minato import _warn_once
-from minato._collate import fast_default_collate
+from minato._loader.collate import fast_default_collate
+from minato._util import warn_once as _warn_once
 
 pytestmark = pytest.mark.timeout(120)
 

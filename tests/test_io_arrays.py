@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from minato._io_array import DEFAULT_MAX_BYTES, load_npy, load_npz
+from minato._io.array import DEFAULT_MAX_BYTES, load_npy, load_npz
 from minato._minato import DecodeError
 
 NUMERIC = [

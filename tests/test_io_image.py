@@ -18,7 +18,7 @@ from PIL import Image
 from minato.io import DecodeError, decode_image, decode_images
 
 # Resizing matches PIL's antialiased bilinear filter to within rounding:
-# documented in minato/_io_image.py and the README.
+# documented in minato/_io/image.py and the README.
 RESIZE_MEAN_ABS_ERROR = 0.5
 RESIZE_MAX_ABS_ERROR = 2
 

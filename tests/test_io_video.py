@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from minato import _minato
-from minato._io_video import DEFAULT_MAX_VIDEO_PIXELS, decode_video
+from minato._io.video import DEFAULT_MAX_VIDEO_PIXELS, decode_video
 
 DecodeError = _minato.DecodeError
 

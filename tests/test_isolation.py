@@ -1,6 +1,6 @@
 """What each worker thread has of its own, as a worker process would: its
-dataset copy and its process-wide generators (minato/_worker_dataset.py,
-minato/_thread_random.py), and the scheduling that keeps one stuck stream
+dataset copy and its process-wide generators (minato/_thread/dataset.py,
+minato/_thread/generators.py), and the scheduling that keeps one stuck stream
 from starving the others."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minato
-from minato import _warn_once
-from minato._worker_dataset import worker_dataset
+from minato._thread.dataset import worker_dataset
+from minato._util import warn_once as _warn_once
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -25,8 +25,10 @@ import torch.utils.data as tud
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 import minato
-from minato import _ipc, _process, _worker_method
-from minato._worker_method import WorkerMethod
+from minato._process import ipc as _ipc
+from minato._process import method as _worker_method
+from minato._process import workers as _process
+from minato._process.method import WorkerMethod
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -609,7 +611,7 @@ def test_a_sample_computing_in_its_process_on_a_full_pool_gets_no_replacement(
 
 
 def test_auto_on_free_threaded_python_keeps_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    from minato import _worker_method
+    from minato._process import method as _worker_method
 
     monkeypatch.setattr(sys, "_is_gil_enabled", lambda: False, raising=False)
     method = _worker_method.WorkerMethod("auto")
@@ -767,7 +769,7 @@ def test_a_clear_sign_moves_after_half_the_threads_arm(clear: bool) -> None:
 
 
 class _Clock:
-    """Stands in for the time module in minato._worker_method."""
+    """Stands in for the time module in minato._process.method."""
 
     def __init__(self, probe_delay: float) -> None:
         self.now = 0.0

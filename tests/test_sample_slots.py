@@ -1,8 +1,8 @@
-"""A worker process's ring of sample slots (minato._sample_slots): payloads
+"""A worker process's ring of sample slots (minato._process.slots): payloads
 written into memory both sides mapped once, each slot reused only after
 nothing in the loader views it any more.
 
-The unit tests pass messages through minato._ipc in one process, as the
+The unit tests pass messages through minato._process.ipc in one process, as the
 worker process and the loader would; the loader tests compare with torch's
 DataLoader.
 """
@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minato
-from minato import _ipc
-from minato._sample_slots import MAX_RING_BYTES, SEGMENT_SLOTS, SlotLeases, SlotRing
+from minato._process import ipc as _ipc
+from minato._process.slots import MAX_RING_BYTES, SEGMENT_SLOTS, SlotLeases, SlotRing
 
 pytestmark = [
     pytest.mark.timeout(120),

@@ -10,7 +10,7 @@ import torch.utils.data as tud
 from helpers import RangeDataset, ShardedIterable
 
 import minato
-from minato._stats import StatsRecorder
+from minato._loader.stats import StatsRecorder
 
 
 def drain(loader) -> list[int]:

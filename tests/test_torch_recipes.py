@@ -3,7 +3,7 @@ minato's side by side, asserting the same outcome.
 
 torch's worker *processes* each have their own dataset object and their own
 ``random``, numpy and torch generators; minato's worker threads must give a
-program the same (see minato/_worker_dataset.py, minato/_thread_random.py).
+program the same (see minato/_thread/dataset.py, minato/_thread/generators.py).
 The recipes are those of torch's ``IterableDataset`` docstring (sharding in
 ``__iter__`` and in ``worker_init_fn``), its reproducibility notes
 (``seed_worker`` with ``generator=``), and the per-worker file-handle pattern

@@ -16,7 +16,7 @@ from helpers import RangeDataset
 from torch.utils.data import default_collate
 
 import minato
-from minato import _collate_stage
+from minato._loader import collate_stage as _collate_stage
 
 pytestmark = pytest.mark.usefixtures("no_leaked_threads")
 

@@ -15,7 +15,9 @@ import torch.utils.data as tud
 from torch.utils.data._utils import worker as torch_worker
 
 import minato
-from minato import _torch_threads, _warn_once, _worker_info
+from minato._thread import torch_threads as _torch_threads
+from minato._thread import worker_info as _worker_info
+from minato._util import warn_once as _warn_once
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaked_threads")]
 

@@ -63,7 +63,7 @@ def test_workers_are_threads_of_this_process_and_no_subprocess_starts() -> None:
     for task in os.listdir(f"/proc/{os.getpid()}/task"):
         with open(f"/proc/{os.getpid()}/task/{task}/children") as f:
             children += f.read().split()
-    zygote = minato._process._the_zygote
+    zygote = minato._process.workers._the_zygote
     server = [] if zygote is None else [str(zygote.process.pid)]
     assert [c for c in children if c not in server and not _multiprocessings_own(c)] == []
     assert children_before  # /proc is readable here

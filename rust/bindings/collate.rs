@@ -1,4 +1,4 @@
-//! Binding for the collate fast path: minato/_collate.py hands over the
+//! Binding for the collate fast path: minato/_loader/collate.py hands over the
 //! sample tensors' bytes and the batch tensor it allocated, as buffers
 //! (byte views); the copy runs with the GIL released.
 

@@ -1,6 +1,6 @@
 //! Bindings for minato.io's NPY and NPZ readers: arguments extracted, then
 //! parsing and inflating run with the GIL released. The Python side
-//! (`minato/_io_array.py`) builds each array with `numpy.frombuffer` over the
+//! (`minato/_io/array.py`) builds each array with `numpy.frombuffer` over the
 //! caller's own object, or over a buffer handed over from Rust, so no array
 //! data is copied.
 

@@ -28,7 +28,7 @@ fn make_runner(make_worker: &Py<PyAny>, worker_id: usize) -> PyResult<Py<PyAny>>
     Python::attach(|py| make_worker.call1(py, (worker_id,)))
 }
 
-/// Runs the Python callables of `minato._worker` on engine threads.
+/// Runs the Python callables of `minato._task.runner` on engine threads.
 pub(crate) struct PythonWorker {
     /// `make_worker(worker_id) -> run`, called once on each worker thread.
     pub make_worker: Py<PyAny>,
@@ -82,7 +82,7 @@ impl WorkerHooks for PythonWorker {
     }
 }
 
-/// Runs `minato._worker`'s sample runner: `run(epoch, indices) -> samples`,
+/// Runs `minato._task.runner`'s sample runner: `run(epoch, indices) -> samples`,
 /// one sample (or an ExceptionWrapper, or a skipped sample's record) per index.
 pub(crate) struct PythonSampleWorker {
     /// `make_worker(worker_id) -> run`, called once on each worker thread.

@@ -12,7 +12,7 @@ import torch
 import torch.utils.data as tud
 
 import minato
-from minato._collate import fast_default_collate
+from minato._loader.collate import fast_default_collate
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

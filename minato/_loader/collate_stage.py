@@ -24,10 +24,10 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.collate import default_collate
 from torch.utils.data._utils.pin_memory import pin_memory
 
-from minato._device import Failure
-from minato._thread_random import ThreadGenerator
-from minato._torch_threads import limit_thread_intra_op
-from minato._worker_error import WorkerError
+from minato._loader.device import Failure
+from minato._task.error import WorkerError
+from minato._thread.generators import ThreadGenerator, bind_thread_rng
+from minato._thread.torch_threads import limit_thread_intra_op
 
 # The collate thread's generators are seeded as a worker with this id would
 # be: above any pool's size, so never a worker's seed.
@@ -42,7 +42,7 @@ def pinned(batch: Any, device: str | None) -> Any:
 
 
 def pinning(run: Callable[[int, Any], Any], device: str | None) -> Callable[[int, Any], Any]:
-    """A batch-level worker's `run` (see minato._worker) that pins each batch
+    """A batch-level worker's `run` (see minato._task.runner) that pins each batch
     it delivers; an error pinning is delivered as the batch's error."""
 
     def run_pinned(epoch: int, task: Any) -> Any:
@@ -91,8 +91,6 @@ def sample_collator(
         own = getattr(local, "generator", None)
         if own is None:
             # First call on this thread: the generators a worker process would have.
-            from minato._worker import bind_thread_rng  # it imports this module
-
             generators = bind_thread_rng(base_seed, COLLATE_THREAD_SEED_ID)
             own = local.generator = ThreadGenerator(generators)
         return own

@@ -6,48 +6,32 @@ for a dataset or collate error: it returns torch's ``ExceptionWrapper`` (a
 `WorkerError`, formatted off this thread), which the consumer re-raises in
 order, as torch does; with ``on_error="skip"`` a
 failing sample is left out and its `SampleFailure` handed back beside the
-batch (see minato._failures). Every result carries a tag (see
-minato._resume): the one its index came with for a map-style dataset, the
+batch (see minato._task.failures). Every result carries a tag (see
+minato._loader.resume): the one its index came with for a map-style dataset, the
 worker's id (its stream) for an iterable one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import random
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch._utils import ExceptionWrapper
-from torch.utils.data._utils import worker as _torch_worker
 
-from minato._collate_stage import pinning
-from minato._failures import (
+from minato._task.error import WorkerError
+from minato._task.failures import (
     SampleFailure,
     Skipped,
     load_skipping,
     next_skipping,
     split_failures,
 )
-from minato._sample_seed import SampleRun
-from minato._thread_random import (
-    SampleRNG,
-    ThreadGenerator,
-    ThreadGenerators,
-    bind_thread,
-    thread_generators,
-)
-from minato._torch_threads import limit_thread_intra_op
-from minato._worker_dataset import bound_to_copies, worker_dataset
-from minato._worker_error import WorkerError
-from minato._worker_info import set_thread_worker_info
+from minato._task.seed import SampleRun
 
 if TYPE_CHECKING:
-    from minato._process import ProcessWorkers
+    pass
 
 # Returned by `run` when an iterable dataset's worker has no more data.
 EXHAUSTED = object()
@@ -79,11 +63,11 @@ class WorkerSpec:
     # given device's behalf (None: the current accelerator's).
     pin: bool = False
     pin_device: str | None = None
-    # The nice value worker processes run at (minato._worker_priority); None: unchanged.
+    # The nice value worker processes run at (minato._util.priority); None: unchanged.
     nice: int | None = None
 
 
-# What a worker is, in messages: "process" in a worker process (minato._process_child).
+# What a worker is, in messages: "process" in a worker process (minato._process.child).
 WORKER_NOUN = {"noun": "thread"}
 
 
@@ -97,111 +81,6 @@ def _where(worker_id: int, index: object = None, *, collating: bool = False) -> 
     return f"{where} ({what} {index})"
 
 
-def _thread_rng(base_seed: int, worker_id: int) -> Any:
-    """Per-thread generators, seeded as torch seeds a worker process's globals."""
-    seed = base_seed + worker_id
-    generator = torch.Generator()
-    generator.manual_seed(seed)
-    numpy_generator = None
-    try:
-        import numpy as np
-
-        numpy_generator = np.random.default_rng(_torch_worker._generate_state(base_seed, worker_id))
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        pass
-    rng_type = getattr(_torch_worker, "_RNG", None)
-    fields = dict(
-        random_generator=random.Random(seed),
-        torch_generator=generator,
-        numpy_generator=numpy_generator,
-    )
-    return rng_type(**fields) if rng_type is not None else types.SimpleNamespace(**fields)
-
-
-def bind_thread_rng(base_seed: int, worker_id: int) -> ThreadGenerators:
-    """Makes the calling thread's process-wide generators those worker
-    `worker_id`'s process would have (see minato._thread_random); returns
-    them."""
-    rng = _thread_rng(base_seed, worker_id)
-    generators = thread_generators(base_seed, worker_id, rng.torch_generator, rng.random_generator)
-    generators.worker_rng = SampleRNG(generators, rng.numpy_generator)
-    bind_thread(generators)
-    return generators
-
-
-def worker_factory(
-    spec: WorkerSpec, *, samples: bool = False, processes: ProcessWorkers | None = None
-) -> Callable[[int], Callable[[int, Any], Any]]:
-    """The `make_worker` the engine calls on each new worker thread.
-
-    Its `run(epoch, (tag, index))` loads one batch (the index list torch's
-    batch sampler gave) and returns ``(tag, (sample count, collated batch,
-    skipped failures))`` (the batch None when every sample was skipped; for
-    an iterable dataset `run(epoch, index)` returns ``(worker id, ...)`` or
-    EXHAUSTED), or, with `samples`, loads a run of single samples
-    ``[(tag, index), ...]`` and returns them uncollated, ``[(tag, sample),
-    ...]``, a skipped one as its `Skipped` record.
-
-    With `processes`, the thread hands its tasks to a worker process of its
-    own (see minato._process) when the loader runs on processes; otherwise
-    it runs them itself.
-    """
-
-    def make_worker(worker_id: int) -> Callable[[int, Any], Any]:
-        run = make_thread_runner(worker_id)
-        # Off the training loop's thread, as torch's pin-memory thread does
-        # (a sample-level batch is pinned where it is collated).
-        return pinning(run, spec.pin_device) if spec.pin and not samples else run
-
-    def make_thread_runner(worker_id: int) -> Callable[[int, Any], Any]:
-        if processes is not None and processes.forced:
-            # Never on this thread: no copy, no worker_init_fn here.
-            return processes.runner(worker_id, samples, None)
-        own_spec, own_generator, begin_run = _isolate_thread(spec, worker_id)
-        run = make_runner(
-            own_spec,
-            own_spec.dataset,
-            worker_id,
-            own_generator,
-            samples=samples,
-            begin_run=begin_run,
-        )
-        if processes is None:
-            return run
-        return processes.runner(worker_id, samples, run)
-
-    return make_worker
-
-
-def _isolate_thread(
-    spec: WorkerSpec, worker_id: int
-) -> tuple[WorkerSpec, Any, Callable[[SampleRun | None], None]]:
-    """What a worker process would have of its own, for this thread: the
-    dataset (a copy that shares the data; a ``worker_init_fn`` that is one
-    of its methods bound to the copy), one intra-op thread, and the
-    process-wide generators, seeded as torch seeds them; its torch generator
-    is also thread_safe_generator(). Returns the spec with the thread's own
-    dataset, the context that hands torch's random functions the thread's
-    generator, and what seeds the thread's generators for one sample."""
-    copies: dict[int, Any] = {}
-    dataset = worker_dataset(spec.dataset, copies)
-    spec = dataclasses.replace(
-        spec, dataset=dataset, worker_init_fn=bound_to_copies(spec.worker_init_fn, copies)
-    )
-    generators = bind_thread_rng(spec.base_seed, worker_id)
-    limit_thread_intra_op(1)
-    info = _torch_worker.WorkerInfo(
-        id=worker_id,
-        num_workers=spec.num_workers,
-        seed=spec.base_seed + worker_id,
-        dataset=dataset,
-        rng=generators.worker_rng,
-        worker_method="thread",
-    )
-    set_thread_worker_info(info)
-    return spec, ThreadGenerator(generators), generators.begin_run
-
-
 def make_runner(
     spec: WorkerSpec,
     dataset: Any,
@@ -212,12 +91,13 @@ def make_runner(
     begin_run: Callable[[SampleRun | None], None],
     eager_seed: Callable[[SampleRun], None] | None = None,
 ) -> Callable[[int, Any], Any]:
-    """Runs worker_init_fn, then returns the worker's `run` (see worker_factory).
+    """Runs worker_init_fn, then returns the worker's `run` (see
+    minato._loader.workers).
 
     A map-style task carries its epoch's seed (None where workers keep
     their own streams: batches dealt in turn): the worker's generators are
     then seeded for each sample (each batch, loading whole batches) from it
-    and the sample's position (see minato._sample_seed): `begin_run` hands
+    and the sample's position (see minato._task.seed): `begin_run` hands
     them each task's `SampleRun`, and `eager_seed`, where given, seeds them
     as each sample starts."""
     # As in torch: a failing worker_init_fn (or iter(dataset)) is

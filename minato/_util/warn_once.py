@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Hashable
 
-from minato._fork import ForkSafeLock
+from minato._util.fork import ForkSafeLock
 
 _warned: set[Hashable] = set()
 # Worker threads warn too: one may hold it when another thread forks.

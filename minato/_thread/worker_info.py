@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 
 from torch.utils.data._utils import worker as _worker
 
-from minato._warn_once import warn_once
+from minato._util.warn_once import warn_once
 
 # Whether the calling thread is one of minato's workers, and its WorkerInfo.
 _thread = threading.local()

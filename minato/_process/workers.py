@@ -7,11 +7,11 @@ stays the engine's, unchanged: sample-level batching and the slow lane,
 per-sample timeouts, the adaptive pool (a thread added starts its process),
 stats, exactly-once resume, persistent workers. Exceptions keep their type,
 worker id and sample index; large tensors and arrays come back in shared
-memory (minato._ipc).
+memory (minato._process.ipc).
 
 Start: never by forking this process, which runs threads (the engine's,
 torch's, the user's) whose locks a fork would copy held. Worker processes
-fork from minato's fork server instead (minato._zygote): a fresh
+fork from minato's fork server instead (minato._process.zygote): a fresh
 interpreter started by fork+exec (safe with threads), which imports torch
 and minato once (``warm_up`` starts it in the background), so a worker
 process then starts in milliseconds, and never imports ``__main__``.
@@ -51,23 +51,26 @@ from typing import Any
 
 from torch._utils import ExceptionWrapper
 
-from minato import _ipc, _zygote
-from minato._failures import SampleFailure, Skipped
 from minato._minato import _worker_computes_in
-from minato._sample_slots import SlotLeases
-from minato._worker import EXHAUSTED, WorkerSpec
-from minato._worker_error import WorkerError
-from minato._worker_method import WorkerMethod
+from minato._process import ipc as _ipc
+from minato._process import zygote as _zygote
+from minato._process.method import WorkerMethod
+from minato._process.slots import SlotLeases
+from minato._task.error import WorkerError
+from minato._task.failures import SampleFailure, Skipped
+from minato._task.runner import EXHAUSTED, WorkerSpec
 
 
 class _Zygote:
-    """The fork server worker processes come from (see minato._zygote)."""
+    """The fork server worker processes come from (see minato._process.zygote)."""
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         code = (
             "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-            "from minato._zygote import serve; serve(int(sys.argv[2]))"
+            # The whole package, once, before the first fork.
+            "import minato; "
+            "from minato._process.zygote import serve; serve(int(sys.argv[2]))"
         )
         try:
             self.process = subprocess.Popen(
@@ -191,7 +194,7 @@ class WorkerProcess:
             theirs.close()
         self.sock = ours
         self.owner = os.getpid()
-        # The process's ring of sample slots (minato._sample_slots).
+        # The process's ring of sample slots (minato._process.slots).
         self.leases = SlotLeases()
         # Collected with its worker thread's runner (the pool shrank): the
         # socket closes and the process leaves.
@@ -224,7 +227,7 @@ class WorkerProcess:
 
     def stop(self, kill: bool = False) -> None:
         """Closes the socket (the process leaves at once, see
-        minato._process_child); `kill` also sends SIGKILL. In a fork child the
+        minato._process.child); `kill` also sends SIGKILL. In a fork child the
         process belongs to the parent: left alone."""
         if os.getpid() != self.owner:
             return
@@ -341,7 +344,7 @@ class ProcessWorkers:
             # Forced processes: started here, as the worker thread starts,
             # not by its first task, whose time would then include the
             # start (and the fork server's, at first) and make its sample
-            # look late (see minato._sample_seed). A start that fails is
+            # look late (see minato._task.seed). A start that fails is
             # tried again, and reported, by that task.
             with contextlib.suppress(Exception):
                 remote.start()

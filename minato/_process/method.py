@@ -44,7 +44,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from minato._stats import logger
+from minato._util.log import logger
 
 WORKER_METHODS = ("auto", "thread", "multiprocessing")
 

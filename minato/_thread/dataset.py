@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from minato._warn_once import warn_once
+from minato._util.warn_once import warn_once
 
 # Wrappers nest a few levels at most; a bound keeps cyclic or odd object
 # graphs from costing anything.

@@ -1,7 +1,7 @@
 """What torch needs to run DataLoader workers as threads of one process.
 
 ``get_worker_info()`` must answer each worker thread with its own
-``WorkerInfo`` (minato._worker_info). And ``default_collate`` writes its output
+``WorkerInfo`` (minato._thread.worker_info). And ``default_collate`` writes its output
 to shared memory whenever ``get_worker_info()`` is not None — pointless work
 for a thread, whose batch is already in the consumer's process. :func:`install`
 fixes both, in place, so that code which imported torch's functions earlier
@@ -26,9 +26,10 @@ import os
 import torch
 from torch.utils.data._utils import collate as _collate
 
-from minato import _thread_random, _worker_info
-from minato._warn_once import warn_once
-from minato._worker_info import thread_worker_info, worker_info_hidden
+from minato._thread import generators
+from minato._thread import worker_info as _worker_info
+from minato._thread.worker_info import thread_worker_info, worker_info_hidden
+from minato._util.warn_once import warn_once
 
 _torch_collate_tensor_fn = _collate.collate_tensor_fn
 
@@ -110,7 +111,7 @@ def install() -> None:
     """Make get_worker_info per-thread, default_collate shm-free in threads,
     the process-wide random generators per worker thread, and
     torch.set_num_threads a no-op in worker threads. Idempotent."""
-    _thread_random.install()
+    generators.install()
     if torch.set_num_threads is _torch_set_num_threads:
         _set_num_threads.__doc__ = _torch_set_num_threads.__doc__
         torch.set_num_threads = _set_num_threads

@@ -39,8 +39,8 @@ from typing import Any
 import torch
 from torch.utils.data.dataloader import _DatasetKind
 
-from minato._failures import SampleFailure
-from minato._fork import ForkSafeLock
+from minato._task.failures import SampleFailure
+from minato._util.fork import ForkSafeLock
 
 # Bumped when the layout of the state changes; a state of another version is refused.
 STATE_VERSION = 1
@@ -163,7 +163,7 @@ class EpochStream:
         self._batches = batches
         self._samples = samples
         self._batch_size = batch_size
-        # The epoch's seed (minato._sample_seed): with a tag, what seeds a
+        # The epoch's seed (minato._task.seed): with a tag, what seeds a
         # sample's (or a batch's) random draws; None where workers keep
         # their own streams.
         self.seed = seed
@@ -463,7 +463,7 @@ class LoaderProgress:
             "failures": failures,
             "undelivered": [index for _, index in undelivered],
             # Positions in the epoch, and the epoch's seed: a resumed sample
-            # draws what it would have (minato._sample_seed).
+            # draws what it would have (minato._task.seed).
             "undelivered_tags": [tag for tag, _ in undelivered],
             "next_tag": stream.next_tag,
             "seed": stream.seed,

@@ -12,7 +12,7 @@ cloudpickle, which sends what ``__main__`` defines by value.
 
 Protocol, over a Unix socket: the loader sends a request with one file
 descriptor (the worker's end of its own socket); the zygote forks, the
-child runs ``minato._process_child.main`` on it, and the zygote answers
+child runs ``minato._process.child.main`` on it, and the zygote answers
 the child's pid. The zygote leaves when the loader's end closes.
 
 A loader also sends the modules its dataset's pickle names (torchvision's
@@ -60,7 +60,7 @@ def serve(fd: int) -> None:
     # Exited workers are reaped by the kernel: none lingers as a zombie.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     control = socket.socket(fileno=fd)
-    from minato import _process_child
+    from minato._process import child as _process_child
 
     control.sendall(b"r")  # ready: torch and minato are imported
     while True:

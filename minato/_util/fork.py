@@ -7,7 +7,7 @@ parent held at that moment stays held for ever in the child, and the first
 ``with lock:`` there waits for good. minato's locks guard a few short updates
 of Python values (bookkeeping, not resources), so a child can start over
 with each one released. The Rust side checks the process itself (see
-rust/process.rs); the iterators restart their workers (minato._iterator).
+rust/process.rs); the iterators restart their workers (minato._loader.iterator).
 """
 
 from __future__ import annotations

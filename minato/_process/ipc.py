@@ -7,7 +7,7 @@ file descriptors beside the pickle (``SCM_RIGHTS``). The receiver maps the
 same pages, so a sample's payload is written once by the worker and copied
 at most once more, into its batch; nothing large goes through the socket.
 A worker process's results go into its ring of sample slots where they fit
-(minato._sample_slots): memory both sides mapped once, not a segment each.
+(minato._process.slots): memory both sides mapped once, not a segment each.
 
 This uses torch's own shared-memory storages (what ``torch.multiprocessing``
 sends between processes), through the private methods torch's reductions
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.multiprocessing
 
-from minato._sample_slots import SlotLeases, SlotRing
+from minato._process.slots import SlotLeases, SlotRing
 
 # Below this, pickling the bytes costs less than a shared-memory mapping.
 SHARE_MIN_BYTES = 64 * 1024

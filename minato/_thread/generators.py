@@ -41,14 +41,15 @@ from typing import Any
 import torch
 import torch.random
 from torch.overrides import TorchFunctionMode
+from torch.utils.data._utils import worker as _torch_worker
 
-from minato._warn_once import warn_once
+from minato._util.warn_once import warn_once
 
 
 class ThreadGenerators:
     """One worker thread's stand-ins for the process-wide generators.
 
-    Where each sample gets draws of its own (minato._sample_seed), the
+    Where each sample gets draws of its own (minato._task.seed), the
     worker hands over each task's `SampleRun` with :meth:`begin_run`, and a
     generator is seeded for the sample being loaded the first time it is
     reached for in it (through the module functions, torch's random
@@ -70,7 +71,7 @@ class ThreadGenerators:
         self.initial_seed = initial_seed
         # WorkerInfo.rng, where the thread is a worker (a SampleRNG).
         self.worker_rng: Any = None
-        self._run: Any = None  # a minato._sample_seed.SampleRun, or None
+        self._run: Any = None  # a minato._task.seed.SampleRun, or None
         # The sample of the run each generator was last seeded for.
         self._random_at = self._numpy_at = self._torch_at = -1
 
@@ -132,7 +133,7 @@ _process_initial_seed: list[int | None] = [None]
 
 def set_process_initial_seed(seed: int) -> None:
     """In a worker process: torch.initial_seed() answers `seed` until the
-    worker's own code seeds torch (minato._process_child)."""
+    worker's own code seeds torch (minato._process.child)."""
     _process_initial_seed[0] = seed
 
 
@@ -474,3 +475,35 @@ def install() -> None:
         _install_random()
         _install_numpy()
         _install_torch_seeding()
+
+
+def _thread_rng(base_seed: int, worker_id: int) -> Any:
+    """Per-thread generators, seeded as torch seeds a worker process's globals."""
+    seed = base_seed + worker_id
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    numpy_generator = None
+    try:
+        import numpy as np
+
+        numpy_generator = np.random.default_rng(_torch_worker._generate_state(base_seed, worker_id))
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    rng_type = getattr(_torch_worker, "_RNG", None)
+    fields = dict(
+        random_generator=random.Random(seed),
+        torch_generator=generator,
+        numpy_generator=numpy_generator,
+    )
+    return rng_type(**fields) if rng_type is not None else types.SimpleNamespace(**fields)
+
+
+def bind_thread_rng(base_seed: int, worker_id: int) -> ThreadGenerators:
+    """Makes the calling thread's process-wide generators those worker
+    `worker_id`'s process would have (see this module); returns
+    them."""
+    rng = _thread_rng(base_seed, worker_id)
+    generators = thread_generators(base_seed, worker_id, rng.torch_generator, rng.random_generator)
+    generators.worker_rng = SampleRNG(generators, rng.numpy_generator)
+    bind_thread(generators)
+    return generators

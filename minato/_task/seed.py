@@ -16,7 +16,7 @@ number; ``state_dict()`` keeps it, so a resumed epoch draws what the
 uninterrupted one would have.
 
 A worker thread's generators are seeded when first drawn from in the
-sample (minato._thread_random.ThreadGenerators), so a sample that draws
+sample (minato._thread.generators.ThreadGenerators), so a sample that draws
 nothing costs nothing; a worker process's, which the loader cannot watch,
 before each sample. Where batches go to a fixed pool in turn (deterministic
 mode, an IterableDataset's streams) the workers keep torch's own

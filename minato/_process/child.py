@@ -1,7 +1,7 @@
-"""The main function of a worker process (see minato._process).
+"""The main function of a worker process (see minato._process.workers).
 
 It is set up as torch sets up a worker process (``_worker_loop``), at the
-loader's worker priority (minato._worker_priority): the globals seeded
+loader's worker priority (minato._util.priority): the globals seeded
 from ``base_seed + worker_id``, ``torch.set_num_threads(1)``, torch's
 ``WorkerInfo`` (``worker_method="multiprocessing"``), then
 ``worker_init_fn``. It then runs the same fetch code as a worker thread,
@@ -28,13 +28,12 @@ from typing import Any
 import torch
 from torch.utils.data._utils import worker as _torch_worker
 
-import minato  # noqa: F401  # the fork server imports the whole package once
-from minato import _ipc
-from minato._sample_seed import SampleRun, seed_process
-from minato._sample_slots import SlotRing
-from minato._thread_random import set_process_initial_seed
-from minato._worker import EXHAUSTED, WORKER_NOUN, WorkerSpec, make_runner
-from minato._worker_priority import lower_process_priority
+from minato._process import ipc as _ipc
+from minato._process.slots import SlotRing
+from minato._task.runner import EXHAUSTED, WORKER_NOUN, WorkerSpec, make_runner
+from minato._task.seed import SampleRun, seed_process
+from minato._thread.generators import set_process_initial_seed
+from minato._util.priority import lower_process_priority
 
 
 class _StreamSkip:
@@ -71,7 +70,7 @@ def _set_up(spec: WorkerSpec, worker_id: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
     # torch.initial_seed() stays the worker's seed whatever minato's
-    # per-sample seeding does (minato._sample_seed), as in a worker thread.
+    # per-sample seeding does (minato._task.seed), as in a worker thread.
     set_process_initial_seed(seed)
     import numpy as np
 

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from minato._fork import ForkSafeLock
+from minato._util.fork import ForkSafeLock
+from minato._util.log import logger
 
 if TYPE_CHECKING:
-    from minato._failures import SampleFailure
-
-logger = logging.getLogger("minato")
+    from minato._task.failures import SampleFailure
 
 # The hint that the dataset holds the GIL is given when workers spent more
 # than this share of their fetch time waiting for it...

@@ -17,10 +17,16 @@ from torch.utils.data.dataloader import (
     _SingleProcessDataLoaderIter,
 )
 
-from minato._collate import fast_default_collate
-from minato._collate_stage import draws_no_random, sample_collator
-from minato._device import DeviceStage, Failure, HostBatch
-from minato._failures import (
+from minato._loader.collate import fast_default_collate
+from minato._loader.collate_stage import draws_no_random, sample_collator
+from minato._loader.device import DeviceStage, Failure, HostBatch
+from minato._loader.resume import EpochStream, IterableStream, capture_epoch_rng
+from minato._loader.stats import StatsRecorder
+from minato._loader.workers import worker_factory
+from minato._minato import Engine, SampleEngine
+from minato._process.method import WorkerMethod
+from minato._process.workers import ProcessWorkers, fork_server_ready, stop_all, warm_up
+from minato._task.failures import (
     SampleFailure,
     Skipped,
     budget_exceeded,
@@ -30,15 +36,11 @@ from minato._failures import (
     next_skipping,
     split_failures,
 )
-from minato._minato import Engine, SampleEngine
-from minato._process import ProcessWorkers, fork_server_ready, stop_all, warm_up
-from minato._resume import EpochStream, IterableStream, capture_epoch_rng
-from minato._sample_seed import epoch_seed
-from minato._stats import StatsRecorder, logger
-from minato._worker import EXHAUSTED, WorkerSpec, sample_count, worker_factory
-from minato._worker_dataset import bound_to_copies, worker_dataset
-from minato._worker_method import WorkerMethod
-from minato._worker_priority import worker_nice_value
+from minato._task.runner import EXHAUSTED, WorkerSpec, sample_count
+from minato._task.seed import epoch_seed
+from minato._thread.dataset import bound_to_copies, worker_dataset
+from minato._util.log import logger
+from minato._util.priority import worker_nice_value
 
 if TYPE_CHECKING:
     from minato.dataloader import DataLoader
@@ -115,10 +117,10 @@ class _Delivery(DeviceStage):
     def _begin_epoch(
         self, loader: DataLoader, epoch_rng: dict[str, Any], *, samples: bool = False
     ) -> None:
-        """Starts the epoch's tagged index stream (see minato._resume); call
+        """Starts the epoch's tagged index stream (see minato._loader.resume); call
         after torch made ``_sampler_iter``, before the first index is taken."""
         # Each sample's random draws follow from this seed and its position
-        # (minato._sample_seed), unless batches are dealt to workers in turn:
+        # (minato._task.seed), unless batches are dealt to workers in turn:
         # then each worker keeps its own streams, as torch's do.
         epochs_begun = getattr(self, "_epochs_begun", 0)
         self._epochs_begun = epochs_begun + 1
@@ -515,12 +517,12 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             self._report(samples, waited)
             if self._processes is not None:
                 self._watch_method(waited)
-            # Pinned already, off this thread (minato._collate_stage).
+            # Pinned already, off this thread (minato._loader.collate_stage).
             return tags, data
 
     def _watch_method(self, waited: float) -> None:
         """worker_method="auto": measures, decides, and moves the workers to
-        processes once the fork server is up (see minato._worker_method)."""
+        processes once the fork server is up (see minato._process.method)."""
         method, processes = self._method, self._processes
         assert processes is not None
         now = time.perf_counter()
@@ -648,7 +650,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
     Workers load single samples (runs of them when samples are cheap); a
     batch of the sampler's next size is assembled from finished samples, fast
     ones first, and collated (and pinned) on the engine's collate thread
-    (minato._collate_stage): this thread only takes finished batches. A
+    (minato._loader.collate_stage): this thread only takes finished batches. A
     sample running past the per-sample timeout is flagged slow: it finishes
     in the background, lands in a later batch, and a replacement worker
     keeps the fast samples flowing.
@@ -721,7 +723,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
 
     def _to_batch(self, data: Any) -> tuple[list[int], int, Any, list[Any]]:
         """The engine delivered a batch collated on its collate thread (see
-        minato._collate_stage.sample_collator)."""
+        minato._loader.collate_stage.sample_collator)."""
         tags, samples, batch, error = data
         if error is not None:
             indices = self._epoch.indices_of(tags)

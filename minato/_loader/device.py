@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import torch
 from torch._utils import ExceptionWrapper
 
-from minato._fork import ForkSafeLock
+from minato._util.fork import ForkSafeLock
 
 # Two threads using one iterator at once (torch's iterators are not thread-safe).
 _IN_USE = (
@@ -105,7 +105,7 @@ class Failure:
 
 
 # What an iterator's host stage hands on: the tags of the indices in the
-# batch (see minato._resume) and the batch, or its Failure.
+# batch (see minato._loader.resume) and the batch, or its Failure.
 HostBatch = tuple[list[int], Any]
 
 

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from minato._stats import logger
+from minato._util.log import logger
 
 ON_ERROR_CHOICES = ("raise", "skip")
 
@@ -152,7 +152,7 @@ def load_skipping(
 ) -> list[Any]:
     """Loads `indices` (with ``__getitems__`` when the dataset has one): for
     each, its sample, or its `SampleFailure` when loading it raised.
-    `run`: the samples' seeding (a minato._sample_seed.SampleRun), moved on
+    `run`: the samples' seeding (a minato._task.seed.SampleRun), moved on
     before each is loaded."""
     if getitems is not None:
         if run is not None and run.eager is not None:

@@ -1,0 +1,5 @@
+"""minato's logger: one name, ``minato``, for users to configure."""
+
+import logging
+
+logger = logging.getLogger("minato")
