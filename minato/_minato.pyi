@@ -10,6 +10,7 @@ __all__ = [
     "DecodeError",
     "Engine",
     "SampleEngine",
+    "SampleLedger",
     "_HAS_VIDEO",
     "_decode_image",
     "_decode_images_into",
@@ -53,17 +54,20 @@ class Engine:
 class SampleEngine:
     """Worker threads loading single samples (``make_worker(id)(epoch, indices)``),
     delivering batches built from whichever samples are ready first, each
-    made by ``collate(samples)`` on the engine's collate thread, or, where
-    ``collate_here`` is given, a cheap batch by ``collate_here(samples)`` on
-    the consumer's thread."""
+    made by ``collate(tags, samples, error)`` on the engine's collate thread,
+    or, where ``collate_here`` is given, a cheap batch by
+    ``collate_here(tags, samples, error)`` on the consumer's thread (the
+    workers' ``(tag, sample)`` pairs split, and ``error`` the first sample that
+    is an ``error_type``, or None)."""
 
     def __new__(
         cls,
         make_worker: Callable[[int], Callable[[int, list[Any]], list[Any]]],
-        collate: Callable[[list[Any]], Any],
+        collate: Callable[[list[int], list[Any], Any], Any],
         *,
-        collate_here: Callable[[list[Any]], Any] | None,
+        collate_here: Callable[[list[int], list[Any], Any], Any] | None,
         skipped_type: type,
+        error_type: type,
         in_sequence: bool,
         num_workers: int,
         max_samples_in_flight: int,
@@ -84,7 +88,9 @@ class SampleEngine:
     def stats(self) -> dict[str, Any]: ...
     def can_submit(self) -> bool: ...
     def pending(self) -> int: ...
-    def submit(self, tags: Any, indices: Any, seed: int | None) -> bool: ...
+    def submit(
+        self, ledger: SampleLedger, fresh: Any, seed: int | None, from_queue: int = 0
+    ) -> bool: ...
     def next(self, timeout: float) -> Any: ...
     def close_epoch(self) -> None: ...
     def set_task_costs(self, run_target: float, min_timeout: float) -> None: ...
@@ -104,6 +110,27 @@ def _worker_computes_in(pid: int | None, /) -> bool: ...
 
 def _epoch_seed(base_seed: int, epoch: int) -> int: ...
 def _sample_seed(epoch_seed: int, position: int) -> int: ...
+
+@final
+class SampleLedger:
+    """An epoch's pending indices, each at its position in the epoch."""
+
+    def __new__(
+        cls,
+        next_position: int = 0,
+        carried_positions: list[int] = ...,
+        carried: list[Any] = ...,
+    ) -> SampleLedger: ...
+    @property
+    def queued(self) -> int: ...
+    @property
+    def next_position(self) -> int: ...
+    def hand_out(self, from_queue: int, fresh: Any) -> list[tuple[int, Any]]: ...
+    def delivered(self, positions: list[int]) -> None: ...
+    def skipped(self, position: int) -> None: ...
+    def indices_of(self, positions: list[int]) -> list[Any]: ...
+    def requeue_pending(self) -> None: ...
+    def undelivered(self) -> tuple[list[int], list[Any]]: ...
 
 # --- collate fast path (rust/bindings/collate.rs) ---
 

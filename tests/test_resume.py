@@ -409,3 +409,19 @@ def test_state_dict_is_safe_to_call_while_workers_run() -> None:
         stop.set()
         saver.join()
     assert states
+
+
+def test_the_ledger_keeps_each_units_position_until_it_is_delivered() -> None:
+    from minato._minato import SampleLedger
+
+    ledger = SampleLedger(5, [3, 1], ["c", "a"])  # carried over, out of order
+    assert (ledger.queued, ledger.next_position) == (2, 5)
+    assert ledger.hand_out(1, ["x", "y"]) == [(1, "a"), (5, "x"), (6, "y")]
+    ledger.delivered([5])
+    ledger.skipped(6)
+    assert ledger.undelivered() == ([1, 3], ["a", "c"])
+    assert ledger.indices_of([1, 5]) == ["a", None]
+    ledger.requeue_pending()
+    assert ledger.hand_out(5, []) == [(1, "a"), (3, "c")]
+    with pytest.raises(ValueError, match="2 positions for 1 carried indices"):
+        SampleLedger(0, [0, 1], ["a"])

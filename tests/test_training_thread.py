@@ -6,6 +6,7 @@ training loop's generators."""
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 
@@ -219,3 +220,48 @@ def test_the_training_threads_intra_op_threads_are_its_own(
         torch.set_num_threads(before)
     assert theirs == [2, 2, 2]
     assert ours == theirs
+
+
+def _minato_calls_per_batch(batch_size: int, batches: int, worker_method: str) -> float:
+    """Calls made by minato's own code on this (the training) thread, per
+    batch, over an epoch of sample-level batches: Python functions entered
+    in minato's modules and C functions (dict methods, the extension's)
+    called from them."""
+    package = minato.__file__.rsplit("/", 1)[0] + "/"
+    calls = 0
+
+    def count(frame, event, arg) -> None:
+        nonlocal calls
+        if event in ("call", "c_call") and frame.f_code.co_filename.startswith(package):
+            calls += 1
+
+    loader = minato.DataLoader(
+        RangeDataset(batch_size * batches),
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=2,
+        worker_method=worker_method,
+        generator=torch.Generator().manual_seed(0),
+    )
+    iterator = iter(loader)
+    next(iterator)  # the workers' start is not per batch
+    seen = 1
+    sys.setprofile(count)
+    try:
+        for _ in iterator:
+            seen += 1
+    finally:
+        sys.setprofile(None)
+    assert seen == batches
+    return calls / (batches - 1)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("worker_method", ["thread", "multiprocessing"])
+def test_the_training_thread_does_no_per_sample_work_in_minato(worker_method: str) -> None:
+    # The engine's ledger keeps each sample's position and hands batches in
+    # and out whole: eight times the samples per batch must not mean more
+    # calls per batch (a per-sample dict operation alone would add 112).
+    small = _minato_calls_per_batch(16, 24, worker_method)
+    large = _minato_calls_per_batch(128, 24, worker_method)
+    assert large < small + 32, (small, large)

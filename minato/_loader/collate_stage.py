@@ -75,9 +75,13 @@ def sample_collator(
     device: str | None,
     base_seed: int = 0,
     own_thread: bool = True,
-) -> Callable[[list[tuple[int, Any]]], tuple[list[int], int, Any, BaseException | None]]:
-    """The sample engine's collate stage: ``[(tag, sample), ...]`` to ``(tags,
-    sample count, the batch or a Failure, the collate error or None)``. A
+) -> Callable[
+    [list[int], list[Any], ExceptionWrapper | None],
+    tuple[list[int], int, Any, BaseException | None],
+]:
+    """The sample engine's collate stage: a batch's tags, its samples and the
+    first worker error among them (or None) to ``(tags, sample count, the
+    batch or a Failure, the collate error or None)``. A
     collate error is handed back for the consumer to name the samples' indices.
 
     `own_thread`: it runs on the loader's collate thread, which it sets up as
@@ -100,17 +104,19 @@ def sample_collator(
     # trivial dataset's shuffled epoch, benchmarks/overhead.py --shuffle).
     no_random = draws_no_random(collate_fn)
 
-    def collate(data: list[tuple[int, Any]]) -> tuple[list[int], int, Any, BaseException | None]:
+    def collate(
+        tags: list[int], samples: list[Any], error: ExceptionWrapper | None
+    ) -> tuple[list[int], int, Any, BaseException | None]:
+        # The engine split the workers' (tag, sample) pairs and found the
+        # first sample that is a worker's error (rust/bindings/sample_collate.rs):
+        # nothing here is done per sample.
         if own_thread and not getattr(local, "limited", False):
             # One intra-op thread, as torch's workers (which collate) and its
             # pin-memory thread have: not a team spinning beside the workers.
             limit_thread_intra_op(1)
             local.limited = True
-        tags = [tag for tag, _ in data]
-        samples = [sample for _, sample in data]
-        for sample in samples:
-            if isinstance(sample, ExceptionWrapper):
-                return tags, 0, Failure(sample), None
+        if error is not None:
+            return tags, 0, Failure(error), None
         try:
             if no_random or not own_thread:
                 batch = collate_fn(samples)

@@ -458,14 +458,19 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             return
         while not self._sampler_done and engine.can_submit():
             try:
-                tags, index = self._epoch.next_batch()
+                submitted = self._submit_next(engine)
             except StopIteration:
                 self._sampler_done = True
                 self._close_epoch()
                 return
-            if not self._submit(engine, tags, index):
+            if not submitted:
                 # Every worker of an iterable dataset is exhausted.
                 self._sampler_done = True
+
+    def _submit_next(self, engine: Any) -> bool:
+        """Submits the epoch's next batch; StopIteration when there is none."""
+        tags, index = self._epoch.next_batch()
+        return self._submit(engine, tags, index)
 
     def _submit(self, engine: Any, tags: list[int], index: Any) -> bool:
         count = sample_count(index, self._auto_collation)
@@ -676,6 +681,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
                 else None
             ),
             skipped_type=Skipped,
+            error_type=ExceptionWrapper,
             # in_order=None: the sampler's order, but for a sample that runs
             # late; in_order=False: whichever samples finish first.
             in_sequence=loader.in_order is None,
@@ -707,8 +713,13 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
     def _samples_reordered(self) -> bool:
         return True
 
-    def _submit(self, engine: Any, tags: list[int], index: Any) -> bool:
-        return bool(engine.submit(tags, index, self._epoch_seed()))
+    def _submit_next(self, engine: Any) -> bool:
+        # The ledger hands the batch's samples out at their positions (in
+        # Rust): nothing here is done per sample.
+        epoch = self._epoch
+        assert isinstance(epoch, EpochStream)
+        from_queue, fresh = epoch.next_samples()
+        return bool(engine.submit(epoch.ledger, fresh, epoch.seed, from_queue))
 
     def _engine_skipped(self) -> list[tuple[int | None, SampleFailure]]:
         engine = self._engine

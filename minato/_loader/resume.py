@@ -3,9 +3,12 @@ what a DataLoader's ``state_dict`` keeps to deliver the rest after a restart.
 
 Batches are reordered (fast samples first), so "k batches delivered" does not
 say which indices are done. Every batch (or, for the sample-level iterator,
-every sample) the sampler hands out gets a tag; a tag stays *pending* from
-the moment its indices are taken from the sampler until its batch is handed
-to the loop. A checkpoint therefore needs only the sampler's position and the
+every sample) the sampler hands out gets a tag, its position in the epoch; it
+stays *pending* from the moment it is handed to the workers until its batch
+is handed to the loop. The positions and pending indices are kept in Rust
+(``minato._minato.SampleLedger``, rust/engine/sample_ledger.rs), which the
+engine hands a batch's samples out through: the training thread does no
+per-sample bookkeeping. A checkpoint therefore needs only the sampler's position and the
 pending indices: after a restart those are loaded first, then the sampler
 goes on from where it was. Pending indices are bounded by the work in
 flight, so the state stays small whatever the epoch's length.
@@ -32,13 +35,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils.data.dataloader import _DatasetKind
 
+from minato._minato import SampleLedger
 from minato._task.failures import SampleFailure
 from minato._util.fork import ForkSafeLock
 
@@ -139,12 +142,16 @@ def _global_rng(state: torch.Tensor) -> Iterator[None]:
 
 
 class EpochStream:
-    """The epoch's batches of indices, each tagged, with those not yet delivered.
+    """The epoch's batches of indices, each unit with its position in the
+    epoch, and those not yet delivered.
 
-    ``samples=True`` (the sample-level iterator) tags single samples and cuts
-    the stream into batches of ``batch_size`` (what torch's batch sampler
-    does); otherwise each batch the index sampler yields is one tagged unit.
-    Indices carried over from a checkpoint come first.
+    ``samples=True`` (the sample-level iterator) gives single samples their
+    positions and cuts the stream into batches of ``batch_size`` (what
+    torch's batch sampler does); otherwise each batch the index sampler
+    yields is one unit. The positions and the pending units are kept by a
+    `SampleLedger` (Rust), which the engine hands a sample-level batch to
+    whole: the training thread does no per-sample bookkeeping. Indices
+    carried over from a checkpoint come first.
     """
 
     def __init__(
@@ -163,23 +170,20 @@ class EpochStream:
         self._batches = batches
         self._samples = samples
         self._batch_size = batch_size
-        # The epoch's seed (minato._task.seed): with a tag, what seeds a
-        # sample's (or a batch's) random draws; None where workers keep
+        # The epoch's seed (minato._task.seed): with a position, what seeds
+        # a sample's (or a batch's) random draws; None where workers keep
         # their own streams.
         self.seed = seed
-        # A tag is the position of a sample (a batch) in the epoch; indices
-        # carried over from a checkpoint keep theirs (older states had none:
-        # they get new ones).
+        # Indices carried over from a checkpoint keep their positions (older
+        # states had none: they get new ones).
+        carried = list(carried or ())
         if carried and (carried_tags is None or len(carried_tags) != len(carried)):
             carried_tags = list(range(next_tag, next_tag + len(carried)))
             next_tag += len(carried)
-        self._carried: deque[tuple[int, Any]] = deque(
-            zip(carried_tags or (), carried or (), strict=True)
-        )
-        # Samples of a batch taken from the sampler, with their tags.
-        self._buffer: deque[tuple[int, Any]] = deque()
-        self._pending: dict[int, Any] = {}
-        self._next_tag = next_tag
+        self.ledger = SampleLedger(next_tag, list(carried_tags or ()), carried)
+        # Samples of a batch taken from the sampler, not yet handed out
+        # (their positions follow the ledger's next one, in order).
+        self._buffer: list[Any] = []
         # Samples skipped this epoch (on_error="skip"), in the order reported.
         self.failures: list[SampleFailure] = list(failures or ())
         self.pulled = pulled
@@ -206,95 +210,72 @@ class EpochStream:
         self.pulled += 1
         return batch
 
-    def _new_tag(self) -> int:
-        tag = self._next_tag
-        self._next_tag += 1
-        return tag
-
     @property
     def next_tag(self) -> int:
-        return self._next_tag
+        """The position of the next sample (batch) taken from the sampler."""
+        return self.ledger.next_position + len(self._buffer)
 
     def next_batch(self) -> tuple[list[int], Any]:
-        """The next batch to load, as (its tags, the index or list of indices)."""
+        """The next batch to load, a whole-batch unit: (its position, as a
+        one-item list, and its list of indices)."""
         with self.lock:
-            return self._next_batch()
+            if self.ledger.queued:
+                ((position, index),) = self.ledger.hand_out(1, ())
+            else:
+                ((position, index),) = self.ledger.hand_out(0, (self._pull(),))
+            return [position], index
 
-    def _next_batch(self) -> tuple[list[int], Any]:
-        if not self._samples:
-            if self._carried:
-                tag, index = self._carried.popleft()
-            else:
-                index = self._pull()
-                tag = self._new_tag()
-            self._pending[tag] = index
-            return [tag], index
-        if not self._carried and not self._buffer and not self.exhausted:
-            # The common case, one whole batch from the sampler: no per-sample Python.
-            pulled = self._pull()  # StopIteration: the epoch is over
-            if len(pulled) == self._batch_size:
-                first = self._next_tag
-                self._next_tag = first + len(pulled)
-                tags = list(range(first, self._next_tag))
-                self._pending.update(zip(tags, pulled, strict=True))
-                return tags, pulled
-            self._buffer.extend((self._new_tag(), index) for index in pulled)
-        tags: list[int] = []
-        indices: list[Any] = []
-        while len(indices) < self._batch_size:
-            if self._carried:
-                tag, index = self._carried.popleft()
-            elif self._buffer:
-                tag, index = self._buffer.popleft()
-            elif self.exhausted:
-                break
-            else:
+    def next_samples(self) -> tuple[int, list[Any]]:
+        """The next sample-level batch, for the engine to hand out through
+        the ledger: (how many of its samples are queued in the ledger, the
+        fresh indices that follow them). StopIteration at the epoch's end."""
+        with self.lock:
+            size = self._batch_size
+            from_queue = min(self.ledger.queued, size)
+            wanted = size - from_queue
+            fresh = self._buffer
+            while len(fresh) < wanted and not self.exhausted:
                 try:
-                    self._buffer.extend((self._new_tag(), index) for index in self._pull())
+                    fresh.extend(self._pull())
                 except StopIteration:
                     break
-                continue
-            tags.append(tag)
-            indices.append(index)
-            self._pending[tag] = index
-        if not indices:
-            raise StopIteration
-        return tags, indices
+            fresh, self._buffer = fresh[:wanted], fresh[wanted:]
+            if not from_queue and not fresh:
+                raise StopIteration
+            return from_queue, fresh
 
     def delivered(self, tags: list[int]) -> None:
         with self.lock:
-            for tag in tags:
-                self._pending.pop(tag, None)
+            self.ledger.delivered(tags)
 
     def skipped(self, tag: int | None, failure: SampleFailure) -> None:
         """A sample was skipped: it is done with (a resume does not load it
         again) and its failure is part of the epoch's state."""
         with self.lock:
             if self._samples and tag is not None:
-                self._pending.pop(tag, None)
+                self.ledger.skipped(tag)
             self.failures.append(failure)
 
     def indices_of(self, tags: list[int]) -> list[Any]:
         """The indices of tags not yet delivered (for error messages)."""
         with self.lock:
-            return [self._pending.get(tag) for tag in tags]
+            return self.ledger.indices_of(tags)
 
     def requeue_pending(self) -> None:
         """The workers that had the pending indices are gone (they stayed in
         the parent of a fork child): those indices are loaded again, first,
-        in the sampler's order, under the same tags."""
+        in the sampler's order, at the same positions."""
         with self.lock:
-            self._carried.extendleft(reversed(self._pending.items()))
-            self._pending.clear()
+            self.ledger.requeue_pending()
 
-    def undelivered(self) -> list[tuple[int, Any]]:
-        """Indices taken from the sampler and not delivered, with their tags
-        (positions in the epoch), in the sampler's order."""
-        return sorted([*self._pending.items(), *self._carried, *self._buffer], key=_first)
-
-
-def _first(pair: tuple[int, Any]) -> int:
-    return pair[0]
+    def undelivered(self) -> tuple[list[int], list[Any]]:
+        """Indices taken from the sampler and not delivered, and their
+        positions in the epoch, in the sampler's order."""
+        positions, indices = self.ledger.undelivered()
+        following = self.ledger.next_position
+        positions.extend(range(following, following + len(self._buffer)))
+        indices.extend(self._buffer)
+        return positions, indices
 
 
 class IterableStream:
@@ -458,13 +439,13 @@ class LoaderProgress:
                 "delivered_per_stream": dict(stream.delivered_per_stream),
                 "failures": failures,
             }
-        undelivered = stream.undelivered()
+        positions, undelivered = stream.undelivered()
         epoch: dict[str, Any] = {
             "failures": failures,
-            "undelivered": [index for _, index in undelivered],
+            "undelivered": undelivered,
             # Positions in the epoch, and the epoch's seed: a resumed sample
             # draws what it would have (minato._task.seed).
-            "undelivered_tags": [tag for tag, _ in undelivered],
+            "undelivered_tags": positions,
             "next_tag": stream.next_tag,
             "seed": stream.seed,
             "pulled": stream.pulled,

@@ -34,8 +34,8 @@ pub(crate) enum LoaderError {
     /// of it (one the Python iterator was not told about: it restarts its
     /// workers after `os.fork`).
     Forked { pid: u32 },
-    /// A batch was submitted with `tags` tags for `indices` indices.
-    TagsMismatch { tags: usize, indices: usize },
+    /// A ledger was given `positions` positions for `indices` carried indices.
+    PositionsMismatch { positions: usize, indices: usize },
 }
 
 impl From<EngineError> for LoaderError {
@@ -62,9 +62,9 @@ impl From<LoaderError> for PyErr {
                  of it and has none of its threads. Call iter() on the DataLoader in this \
                  process (or create the DataLoader here) to start workers of its own"
             )),
-            LoaderError::TagsMismatch { tags, indices } => PyValueError::new_err(format!(
-                "a batch was submitted with {tags} tags for {indices} indices"
-            )),
+            LoaderError::PositionsMismatch { positions, indices } => PyValueError::new_err(
+                format!("{positions} positions for {indices} carried indices"),
+            ),
         }
     }
 }

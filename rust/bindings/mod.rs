@@ -11,6 +11,7 @@ mod io_video;
 mod locked;
 mod sample_collate;
 mod sample_engine;
+mod sample_ledger;
 mod sample_seed;
 mod stats;
 mod worker;
@@ -45,5 +46,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     io_video::register(m)?;
     worker::register(m)?;
     sample_seed::register(m)?;
+    sample_ledger::register(m)?;
     Ok(())
 }

@@ -68,10 +68,14 @@ impl CollateCost {
     }
 }
 
-/// Calls `collate(samples)` (the iterator's collate stage: the user's
-/// `collate_fn`, then pinning) on the engine's collate thread.
+/// Calls `collate(tags, samples, error)` (the iterator's collate stage: the
+/// user's `collate_fn`, then pinning) on the engine's collate thread, each
+/// worker's `(tag, sample)` split here, and `error` the first sample that is
+/// an `error_type` (a worker's error standing in for it), or None.
 pub(crate) struct PythonCollate {
     pub collate: Py<PyAny>,
+    /// torch's ExceptionWrapper, which a failed sample comes back as.
+    pub error_type: Py<PyAny>,
     /// Whether a cheap batch may be left to the consumer: only for a
     /// collate that draws no random numbers and pins nothing (the
     /// thread's own generators and pinning stay off the loop's thread).
@@ -83,13 +87,28 @@ impl PythonCollate {
     /// Runs the collate stage on the calling thread, the GIL held.
     pub fn collate_now(
         collate: &Py<PyAny>,
+        error_type: &Py<PyAny>,
         cost: &CollateCost,
         py: Python<'_>,
         samples: Samples,
     ) -> PyResult<Py<PyAny>> {
-        let samples: Vec<Py<PyAny>> = samples.into_iter().collect::<PyResult<_>>()?;
+        let error_type = error_type.bind(py);
+        let mut tags: Vec<Py<PyAny>> = Vec::with_capacity(samples.len());
+        let mut values: Vec<Py<PyAny>> = Vec::with_capacity(samples.len());
+        let mut error: Option<Py<PyAny>> = None;
+        for sample in samples {
+            let (tag, value): (Py<PyAny>, Py<PyAny>) = sample?.extract(py)?;
+            if error.is_none() && value.bind(py).is_instance(error_type)? {
+                error = Some(value.clone_ref(py));
+            }
+            tags.push(tag);
+            values.push(value);
+        }
         let began = thread_cpu_time();
-        let batch = collate.call1(py, (PyList::new(py, samples)?,));
+        let batch = collate.call1(
+            py,
+            (PyList::new(py, tags)?, PyList::new(py, values)?, error),
+        );
         cost.record(thread_cpu_time().saturating_sub(began));
         batch
     }
@@ -136,7 +155,7 @@ impl Collate<PyResult<Py<PyAny>>> for PythonCollate {
             return PyBatch::Deferred(samples);
         }
         PyBatch::Collated(Python::attach(|py| {
-            Self::collate_now(&self.collate, &self.cost, py, samples)
+            Self::collate_now(&self.collate, &self.error_type, &self.cost, py, samples)
         }))
     }
 }

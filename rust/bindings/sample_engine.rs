@@ -10,6 +10,7 @@ use super::detach;
 use super::errors::LoaderError;
 use super::locked::Locked;
 use super::sample_collate::{CollateCost, PyBatch, PythonCollate};
+use super::sample_ledger::PySampleLedger;
 use super::stats::{self, GilWait};
 use super::worker::PythonSampleWorker;
 use crate::engine::{SampleEngine, SampleEngineConfig, SampleTimeout};
@@ -18,8 +19,9 @@ type Engine = SampleEngine<Py<PyAny>, PyResult<Py<PyAny>>, PythonSampleWorker, P
 
 /// Worker threads loading single samples (`make_worker(id)(epoch, indices)`),
 /// delivering batches built from whichever samples are ready first, each
-/// made by `collate(samples)` on the engine's collate thread, or, where
-/// `collate_here` is given, a cheap batch by `collate_here(samples)` on the
+/// made by `collate(tags, samples, error)` on the engine's collate thread
+/// (see `PythonCollate`), or, where `collate_here` is given, a cheap batch by
+/// `collate_here(tags, samples, error)` on the
 /// consumer's thread (a function that leaves that thread's settings alone).
 #[pyclass(name = "SampleEngine", module = "minato._minato", frozen)]
 pub(crate) struct PySampleEngine {
@@ -28,6 +30,8 @@ pub(crate) struct PySampleEngine {
     /// The consumer's collate stage, for the batches left to it (none are
     /// without `collate_here`: then this is the collate thread's, unused).
     collate_here: Py<PyAny>,
+    /// What a failed sample comes back as (torch's ExceptionWrapper).
+    error_type: Py<PyAny>,
     collate_cost: CollateCost,
 }
 
@@ -35,13 +39,14 @@ pub(crate) struct PySampleEngine {
 impl PySampleEngine {
     #[new]
     #[allow(clippy::too_many_arguments)] // one per keyword argument
-    #[pyo3(signature = (make_worker, collate, *, collate_here, skipped_type, in_sequence, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace, max_workers=None, drop_last=false))]
+    #[pyo3(signature = (make_worker, collate, *, collate_here, skipped_type, error_type, in_sequence, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace, max_workers=None, drop_last=false))]
     fn new(
         py: Python<'_>,
         make_worker: Py<PyAny>,
         collate: Py<PyAny>,
         collate_here: Option<Py<PyAny>>,
         skipped_type: Py<PyAny>,
+        error_type: Py<PyAny>,
         in_sequence: bool,
         num_workers: usize,
         max_samples_in_flight: usize,
@@ -88,6 +93,7 @@ impl PySampleEngine {
         let collate_here = collate_here.unwrap_or_else(|| collate.clone_ref(py));
         let stage = PythonCollate {
             collate,
+            error_type: error_type.clone_ref(py),
             deferrable,
             cost: collate_cost.clone(),
         };
@@ -97,6 +103,7 @@ impl PySampleEngine {
             engine: Locked::new(engine),
             gil_wait,
             collate_here,
+            error_type,
             collate_cost,
         })
     }
@@ -136,32 +143,30 @@ impl PySampleEngine {
         Ok(self.engine.quick(py, |engine| engine.pending())?)
     }
 
-    /// Queues one batch: each index as the task `(tag, index, seed)` a
-    /// worker loads (the epoch's `seed` is the same for all); always True
-    /// (the signature of `Engine.submit`).
+    /// Queues one batch: `from_queue` units queued in `ledger`, then the
+    /// `fresh` indices, each handed out by the ledger at its position and
+    /// sent as the task `(position, index, seed)` (the epoch's `seed` is the
+    /// same for all); always True (the signature of `Engine.submit`).
+    #[pyo3(signature = (ledger, fresh, seed, from_queue=0))]
     fn submit(
         &self,
         py: Python<'_>,
-        tags: &Bound<'_, PyAny>,
-        indices: &Bound<'_, PyAny>,
+        ledger: &Bound<'_, PySampleLedger>,
+        fresh: &Bound<'_, PyAny>,
         seed: &Bound<'_, PyAny>,
+        from_queue: usize,
     ) -> PyResult<bool> {
-        let tags: Vec<Bound<'_, PyAny>> = tags.try_iter()?.collect::<PyResult<_>>()?;
-        let indices: Vec<Bound<'_, PyAny>> = indices.try_iter()?.collect::<PyResult<_>>()?;
-        if tags.len() != indices.len() {
-            return Err(LoaderError::TagsMismatch {
-                tags: tags.len(),
-                indices: indices.len(),
-            }
-            .into());
-        }
-        let tasks = tags
+        let tasks = ledger
+            .get()
+            .hand_out(py, from_queue, fresh)?
             .into_iter()
-            .zip(indices)
-            .map(|(tag, index)| {
-                Ok(PyTuple::new(py, [tag, index, seed.clone()])?
-                    .into_any()
-                    .unbind())
+            .map(|(position, index)| {
+                let position = position.into_pyobject(py)?.into_any();
+                Ok(
+                    PyTuple::new(py, [position, index.into_bound(py), seed.clone()])?
+                        .into_any()
+                        .unbind(),
+                )
             })
             .collect::<PyResult<Vec<Py<PyAny>>>>()?;
         self.engine
@@ -183,9 +188,13 @@ impl PySampleEngine {
             })?;
             match batch {
                 PyBatch::Collated(batch) => batch,
-                PyBatch::Deferred(samples) => {
-                    PythonCollate::collate_now(&self.collate_here, &self.collate_cost, py, samples)
-                }
+                PyBatch::Deferred(samples) => PythonCollate::collate_now(
+                    &self.collate_here,
+                    &self.error_type,
+                    &self.collate_cost,
+                    py,
+                    samples,
+                ),
             }
         })
     }
