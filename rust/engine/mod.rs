@@ -14,6 +14,7 @@ mod cpu;
 mod dispatch;
 mod error;
 mod fetch_times;
+mod gil_contention;
 mod lifecycle;
 mod monitor;
 mod pool;

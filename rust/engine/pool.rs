@@ -691,6 +691,7 @@ fn worker_main<W: WorkerHooks>(
                 worker: worker_id,
                 samples: task.samples,
                 elapsed: wall.saturating_sub(clock.paused(ended)),
+                paused: clock.paused(ended).min(wall),
                 slow,
                 finished,
             };

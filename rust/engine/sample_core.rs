@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::assembler::Assembler;
 use super::error::EngineError;
 use super::fetch_times::FetchTimes;
+use super::gil_contention::GilContention;
 use super::monitor::{store_timeout, SharedTimeout};
 use super::pool::WorkerHooks;
 use super::sample_sequence::Lateness;
@@ -80,6 +81,8 @@ pub(crate) struct SampleCore<S, W: WorkerHooks> {
     pub timeout: TimeoutEstimator,
     pub shared_timeout: SharedTimeout,
     pub fetch_times: FetchTimes,
+    /// The tasks' waits to enter the dataset's code (see `run_length`).
+    pub gil_contention: GilContention,
     pub slow_samples: u64,
     /// Set when a worker or the collator panicked: the batches can no
     /// longer be completed.
@@ -107,6 +110,7 @@ where
             timeout,
             shared_timeout,
             fetch_times,
+            gil_contention: GilContention::default(),
             slow_samples: 0,
             broken: None,
             handed_batches: 0,
@@ -123,6 +127,7 @@ where
             Finished::Ran(Outcome::Value(samples)) if samples.len() == done.samples => {
                 let per_sample = done.elapsed / done.samples.max(1) as u32;
                 self.fetch_times.record(per_sample);
+                self.gil_contention.record(done.paused);
                 self.timeout.record(per_sample, done.samples, done.slow);
                 store_timeout(&self.shared_timeout, self.timeout.current());
                 if done.slow {

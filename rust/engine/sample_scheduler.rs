@@ -55,7 +55,8 @@ pub struct SampleEngineConfig {
 /// A task should take at least this long, so that the per-task cost
 /// (queues, a GIL hand-over) stays small next to the work: cheap samples go
 /// to workers in runs. Workers whose tasks cost more (a round trip to a
-/// worker process) set a longer one (`set_run_target`).
+/// worker process) set a longer one (`set_run_target`); where workers wait
+/// long to enter the dataset's code, runs grow too (`GilContention`).
 pub const RUN_TARGET: Duration = Duration::from_micros(500);
 /// Longest run of samples in one task.
 const MAX_RUN: usize = 64;
@@ -244,7 +245,11 @@ where
     /// Samples per task now (see [`run_length`]).
     #[cfg(test)]
     pub(crate) fn run_length(&self) -> usize {
-        run_length(&self.shared.lock().fetch_times, self.run_target)
+        let core = self.shared.lock();
+        run_length(
+            &core.fetch_times,
+            core.gil_contention.run_target(self.run_target),
+        )
     }
 
     /// Queues one batch's samples; the batch delivered in its place has the
@@ -264,7 +269,10 @@ where
         if !self.has_room(&core) {
             return Err(EngineError::Full);
         }
-        let run_length = run_length(&core.fetch_times, self.run_target);
+        // Runs long enough for a task's own cost, and for its wait to enter
+        // the dataset's code where workers contend for it.
+        let run_target = core.gil_contention.run_target(self.run_target);
+        let run_length = run_length(&core.fetch_times, run_target);
         self.last_run_length = run_length;
         // Samples already waiting (made up for skipped ones) may fill it.
         let check = core.assembler.ready_samples() > 0;

@@ -46,6 +46,9 @@ pub(crate) struct Done<R> {
     /// [`super::TaskClock`]) left out: the fetch times and the automatic
     /// timeout are made from it.
     pub elapsed: Duration,
+    /// Its pauses: for a Python worker, its wait for the GIL on entry (see
+    /// `super::gil_contention`).
+    pub paused: Duration,
     /// Whether it ran past the slow-sample timeout and was flagged.
     pub slow: bool,
     pub finished: Finished<R>,

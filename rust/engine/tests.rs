@@ -817,6 +817,33 @@ fn cheap_samples_go_to_workers_in_runs() {
 }
 
 #[test]
+fn long_waits_to_enter_send_samples_in_runs() {
+    // Samples of 2 ms whose tasks each wait 2 ms to enter, a pause (a GIL
+    // handed around many threads): a task per sample would pay it per
+    // sample; runs pay it once per run.
+    let mut engine = start_waiting(Duration::from_millis(2), true, SampleTimeout::Off);
+    for batch in 0..6u64 {
+        engine
+            .submit((0..8).map(|i| (batch * 8 + i, 2_000)).collect())
+            .unwrap();
+        assert_eq!(engine.recv(WAIT).unwrap().len(), 8);
+    }
+    assert!(
+        engine.run_length() > 1,
+        "2 ms samples waiting 2 ms each went one per task"
+    );
+    // Without waits the same samples go one per task.
+    let mut engine = start_waiting(Duration::ZERO, true, SampleTimeout::Off);
+    for batch in 0..6u64 {
+        engine
+            .submit((0..8).map(|i| (batch * 8 + i, 2_000)).collect())
+            .unwrap();
+        assert_eq!(engine.recv(WAIT).unwrap().len(), 8);
+    }
+    assert_eq!(engine.run_length(), 1);
+}
+
+#[test]
 fn a_longer_run_target_sends_costlier_samples_in_runs() {
     let (mut engine, _) = start_samples(1, 4096, SampleTimeout::Off, 1);
     // Samples of 2 ms: past the default target, one per task.
