@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,6 +162,16 @@ def load_skipping(
             return list(getitems(indices))
         except Exception:
             pass  # load one by one below to find which samples fail
+    return load_each(dataset, indices, run, lambda index: current_failure(index, worker))
+
+
+def load_each(
+    dataset: Any, indices: list[Any], run: Any, failed: Callable[[Any], Any]
+) -> list[Any]:
+    """Loads `indices` one by one: for each, its sample, or what `failed`
+    makes of its index, called while the exception is being handled.
+    `run`: the samples' seeding (a minato._task.seed.SampleRun, or None),
+    moved on before each is loaded."""
     loaded: list[Any] = []
     for ordinal, index in enumerate(indices):
         if run is not None:
@@ -170,7 +181,7 @@ def load_skipping(
         try:
             loaded.append(dataset[index])
         except Exception:
-            loaded.append(current_failure(index, worker))
+            loaded.append(failed(index))
     return loaded
 
 

@@ -24,6 +24,7 @@ from minato._task.error import WorkerError
 from minato._task.failures import (
     SampleFailure,
     Skipped,
+    load_each,
     load_skipping,
     next_skipping,
     split_failures,
@@ -220,18 +221,10 @@ class _MapFetcher:
                 return list(self.getitems(indices))
             except Exception:
                 return [WorkerError(where=_where(self.worker_id, indices))] * len(indices)
-        dataset = self.dataset
-        samples = []
-        for at, i in enumerate(indices):
-            if run is not None:
-                run.at = at
-                if run.eager is not None:
-                    run.eager(run)
-            try:
-                samples.append(dataset[i])
-            except Exception:
-                samples.append(WorkerError(where=_where(self.worker_id, i)))
-        return samples
+        worker_id = self.worker_id
+        return load_each(
+            self.dataset, indices, run, lambda index: WorkerError(where=_where(worker_id, index))
+        )
 
 
 class _IterableFetcher:

@@ -685,13 +685,14 @@ fn worker_main<W: WorkerHooks>(
                 retired = pool.retire_if_surplus();
                 flagged
             };
+            let paused = clock.paused(ended).min(wall);
             let done = Done {
                 seq: task.seq,
                 epoch: task.epoch,
                 worker: worker_id,
                 samples: task.samples,
-                elapsed: wall.saturating_sub(clock.paused(ended)),
-                paused: clock.paused(ended).min(wall),
+                elapsed: wall - paused,
+                paused,
                 slow,
                 finished,
             };
