@@ -112,18 +112,24 @@ def test_the_same_iterator_goes_on_after_a_keyboard_interrupt(loader_type) -> No
 
 
 class StuckOnce(tud.Dataset):
-    """Sample 3 gets stuck the first time it is loaded, until `release`."""
+    """The first sample loaded gets stuck, until `release`."""
 
     def __init__(self, release: object) -> None:
+        import threading
+
         self.release = release
-        self.stuck = []  # shared by every worker's copy
+        self.stuck: list = []  # shared by every worker's copy
+        self.lock = threading.Lock()
 
     def __len__(self) -> int:
         return 32
 
     def __getitem__(self, i: int) -> int:
-        if i == 3 and not self.stuck:
-            self.stuck.append(i)
+        with self.lock:
+            first = not self.stuck
+            if first:
+                self.stuck.append(i)
+        if first:
             self.release.wait(60)
         return i
 
@@ -148,20 +154,21 @@ def test_the_next_epoch_does_not_wait_for_a_stuck_sample(shuffle: bool) -> None:
         sample_timeout=None,
     )
     try:
-        for _ in loader:
-            # In order, sample 3's batch is prefetched with the first ones;
-            # reordered, the batches go on past it until it is loaded.
-            while not shuffle and not dataset.stuck:
-                time.sleep(0.01)
-            if dataset.stuck:
-                break  # sample 3 is in flight, stuck
+        # The first epoch's first batches are prefetched at once: wait until
+        # one of its samples is in flight, stuck, without asking for a batch
+        # (which, in order, would wait for it).
+        first = iter(loader)
+        deadline = time.monotonic() + 20
+        while not dataset.stuck and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert dataset.stuck
-        # The next epoch is delivered whole while sample 3 is still stuck:
+        # The next epoch is delivered whole while that sample is still stuck:
         # a replacement serves it; the stuck worker leaves once released.
         second = sorted(int(i) for batch in loader for i in batch)
         assert not release.is_set()
         assert second == list(range(32))
     finally:
         release.set()
+    del first
     del loader
     assert wait_for_thread_count(before) == before
