@@ -11,6 +11,8 @@ __all__ = [
     "Engine",
     "SampleEngine",
     "SampleLedger",
+    "Wire",
+    "WireError",
     "_HAS_VIDEO",
     "_decode_image",
     "_decode_images_into",
@@ -20,7 +22,6 @@ __all__ = [
     "_load_npz",
     "_sample_seed",
     "_stack_into",
-    "_worker_computes_in",
 ]
 
 @final
@@ -102,9 +103,23 @@ class SampleEngine:
 class DecodeError(ValueError):
     """Data that minato.io cannot decode."""
 
-# --- worker threads (rust/bindings/worker.rs) ---
+# --- the worker-process wire (rust/bindings/wire.rs) ---
 
-def _worker_computes_in(pid: int | None, /) -> bool: ...
+@final
+class Wire:
+    """One end of a worker process's socket, taken over from a ``socket.socket``."""
+
+    def __new__(cls, sock: Any) -> Wire: ...
+    def fileno(self) -> int: ...
+    def send(self, data: bytes, fds: list[int]) -> None: ...
+    def receive(self, timeout: float | None = None) -> tuple[bytes, list[int]]: ...
+    def call(
+        self, pid: int, data: bytes, fds: list[int], timeout: float | None = None
+    ) -> tuple[bytes, list[int]]: ...
+    def shutdown(self) -> None: ...
+
+class WireError(ConnectionError):
+    """A worker process sent something that is not a message of minato's wire."""
 
 # --- per-sample seeds (rust/bindings/sample_seed.rs) ---
 

@@ -1,8 +1,9 @@
 //! minato's Rust core: a framework-agnostic worker-thread engine (`engine`),
 //! decoders (`io`), batch assembly (`collate`), the thread pool those two
 //! share (`parallel`), fork detection (`process`), keeping threads from
-//! being unwound at interpreter exit (`thread_exit`) and, behind the
-//! `python` feature, thin Python bindings (`bindings`).
+//! being unwound at interpreter exit (`thread_exit`), the worker-process
+//! wire (`wire`) and, behind the `python` feature, thin Python bindings
+//! (`bindings`).
 
 pub mod collate;
 pub mod engine;
@@ -10,6 +11,8 @@ pub mod io;
 pub mod parallel;
 pub mod process;
 pub mod thread_exit;
+#[cfg(unix)]
+pub mod wire;
 
 #[cfg(feature = "python")]
 mod bindings;

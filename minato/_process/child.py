@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils.data._utils import worker as _torch_worker
 
+from minato._minato import Wire
 from minato._process import ipc as _ipc
 from minato._process.slots import SlotRing
 from minato._task.runner import EXHAUSTED, WORKER_NOUN, WorkerSpec, make_runner
@@ -48,11 +49,11 @@ class _StreamSkip:
         return count
 
 
-def _exit_with_loader(sock: socket.socket) -> None:
+def _exit_with_loader(fd: int) -> None:
     """Leaves at once when the loader's end closes (the loader stopped this
     worker, or its process died), even while the dataset's code runs."""
     poller = select.poll()
-    poller.register(sock.fileno(), select.POLLRDHUP)
+    poller.register(fd, select.POLLRDHUP)
     while True:
         for _, events in poller.poll():
             if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL):
@@ -84,13 +85,19 @@ def _set_up(spec: WorkerSpec, worker_id: int) -> None:
     )
 
 
+# This process's connection to its loader.
+connection: Wire | None = None
+
+
 def main(sock: socket.socket) -> None:
+    global connection
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_exit_with_loader, args=(sock,), daemon=True).start()
+    wire = connection = Wire(sock)
+    threading.Thread(target=_exit_with_loader, args=(wire.fileno(),), daemon=True).start()
     WORKER_NOUN["noun"] = "process"
     try:
-        worker_id, samples = _ipc.recv(sock)
-        spec = _ipc.recv(sock)
+        worker_id, samples = _ipc.recv(wire)
+        spec = _ipc.recv(wire)
     except EOFError:
         return
     stream_skip = _StreamSkip()
@@ -108,11 +115,11 @@ def main(sock: socket.socket) -> None:
     ring = SlotRing()
     while True:
         try:
-            epoch, task, skip, freed = _ipc.recv(sock)
+            epoch, task, skip, freed = _ipc.recv(wire)
         except EOFError:
             return
         ring.give_back(freed)
         if skip is not None:
             stream_skip.count = skip
         output: Any = run(epoch, task)
-        _ipc.send(sock, None if output is EXHAUSTED else (output,), ring)
+        _ipc.send(wire, None if output is EXHAUSTED else (output,), ring)

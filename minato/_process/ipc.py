@@ -1,4 +1,5 @@
-"""Messages between a worker process and the loader, over a Unix socket.
+"""Messages between a worker process and the loader, over a Unix socket
+whose frames Rust reads and writes (``minato._minato.Wire``, rust/wire/).
 
 A message is pickled, except its large tensors and numpy arrays: those are
 put in shared memory once (where they are not there already, as a batch
@@ -17,15 +18,12 @@ use. Where a torch lacks them, or the sharing strategy is not
 
 from __future__ import annotations
 
-import array
 import io
 import multiprocessing.context
 import multiprocessing.reduction
 import os
 import pickle
 import pickletools
-import socket
-import struct
 import threading
 from typing import Any
 
@@ -34,15 +32,14 @@ import numpy as np
 import torch
 import torch.multiprocessing
 
+from minato._minato import Wire
 from minato._process.slots import SlotLeases, SlotRing
 
 # Below this, pickling the bytes costs less than a shared-memory mapping.
 SHARE_MIN_BYTES = 64 * 1024
-# Descriptors per message, below the kernel's SCM_MAX_FD (253); payloads
+# Descriptors per message, as the wire allows (rust/wire/frame.rs); payloads
 # past it are pickled.
 MAX_FDS = 240
-# (pickle length, descriptors sent with it)
-_HEADER = struct.Struct("<QI")
 
 _new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
 _from_fd = getattr(torch.UntypedStorage, "_new_shared_fd_cpu", None)
@@ -420,59 +417,16 @@ def loads(data: bytes | bytearray, fds: list[int], leases: SlotLeases | None = N
             os.close(fd)
 
 
-def send(sock: socket.socket, obj: Any, ring: SlotRing | None = None) -> None:
-    send_payload(sock, dumps(obj, ring))
+def send(wire: Wire, obj: Any, ring: SlotRing | None = None) -> None:
+    send_payload(wire, dumps(obj, ring))
 
 
-def send_payload(sock: socket.socket, payload: Payload) -> None:
-    header = _HEADER.pack(len(payload.data), len(payload.fds))
-    if payload.fds:
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", payload.fds))]
-        sent = sock.sendmsg([header], ancillary)
-    else:
-        sent = sock.send(header)
-    if sent < len(header):
-        sock.sendall(header[sent:])
-    sock.sendall(payload.data)
+def send_payload(wire: Wire, payload: Payload) -> None:
+    wire.send(payload.data, payload.fds)
 
 
-def recv(sock: socket.socket, leases: SlotLeases | None = None) -> Any:
+def recv(wire: Wire, leases: SlotLeases | None = None) -> Any:
     """The next message; EOFError when the other end is gone. `leases`: the
     sending process's ring, where it sends into one."""
-    header, fds = _recv_header(sock)
-    try:
-        length, _ = _HEADER.unpack(header)
-        data = bytearray(length)
-        view = memoryview(data)
-        got = 0
-        while got < length:
-            count = sock.recv_into(view[got:])
-            if count == 0:
-                raise EOFError("the other end closed the socket mid-message")
-            got += count
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
+    data, fds = wire.receive()
     return loads(data, fds, leases)
-
-
-def _recv_header(sock: socket.socket) -> tuple[bytes, list[int]]:
-    space = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
-    message, ancillary, _, _ = sock.recvmsg(_HEADER.size, space, socket.MSG_CMSG_CLOEXEC)
-    if not message:
-        raise EOFError("the other end closed the socket")
-    fds: list[int] = []
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            received = array.array("i")
-            received.frombytes(data[: len(data) - len(data) % received.itemsize])
-            fds.extend(received)
-    while len(message) < _HEADER.size:
-        more = sock.recv(_HEADER.size - len(message))
-        if not more:
-            for fd in fds:
-                os.close(fd)
-            raise EOFError("the other end closed the socket mid-message")
-        message += more
-    return message, fds

@@ -24,7 +24,9 @@ past ``sample_hard_timeout`` seconds per sample has its process killed and
 fails with a RuntimeError naming the sample (``on_error="skip"`` skips it);
 a run of several samples is first re-run one sample at a time, so only the
 one that hangs again fails. A worker process that dies (``kill -9``, a
-crash in a decoder) fails its task the same way. Either way the thread
+crash in a decoder) fails its task the same way, as does one that sends
+what is not a message of the wire (rust/wire/, read without the GIL): it
+is stopped, and the error says what arrived. Either way the thread
 starts a new process for its next task: an index is delivered once or
 reported failed, never lost or repeated.
 
@@ -51,7 +53,7 @@ from typing import Any
 
 from torch._utils import ExceptionWrapper
 
-from minato._minato import _worker_computes_in
+from minato._minato import Wire, WireError
 from minato._process import ipc as _ipc
 from minato._process import zygote as _zygote
 from minato._process.method import WorkerMethod
@@ -192,16 +194,16 @@ class WorkerProcess:
                 self.pid = self._fork(workers, theirs)
         finally:
             theirs.close()
-        self.sock = ours
+        self.wire = Wire(ours)
         self.owner = os.getpid()
         # The process's ring of sample slots (minato._process.slots).
         self.leases = SlotLeases()
         # Collected with its worker thread's runner (the pool shrank): the
-        # socket closes and the process leaves.
-        weakref.finalize(self, ours.close)
+        # connection ends and the process leaves.
+        weakref.finalize(self, self.wire.shutdown)
         workers.adopt(self)
-        _ipc.send(ours, (worker_id, samples))
-        _ipc.send_payload(ours, workers.spec_payload())
+        _ipc.send(self.wire, (worker_id, samples))
+        _ipc.send_payload(self.wire, workers.spec_payload())
 
     @staticmethod
     def _fork(workers: ProcessWorkers, theirs: socket.socket) -> int:
@@ -211,22 +213,16 @@ class WorkerProcess:
 
     def call(self, message: tuple[Any, ...], limit: float | None) -> Any:
         """Sends a task, with the ring's slots handed back since the last,
-        and waits for its answer (socket waits release the GIL):
-        TimeoutError past `limit`, EOFError/OSError if the process died."""
-        self.sock.settimeout(None)
-        # The task computes in the process while this thread waits: the
-        # engine reads the process's state to tell a computing sample from a
-        # blocked one (a computing one on a full pool gets no replacement).
-        _worker_computes_in(self.pid)
-        try:
-            _ipc.send(self.sock, (*message, self.leases.take_freed()))
-            self.sock.settimeout(limit)
-            return _ipc.recv(self.sock, self.leases)
-        finally:
-            _worker_computes_in(None)
+        and waits for its answer without the GIL (the engine meanwhile reads
+        the process's state to tell a computing sample from a blocked one):
+        TimeoutError past `limit`, EOFError/OSError if the process died,
+        WireError if it sent something that is not a message."""
+        payload = _ipc.dumps((*message, self.leases.take_freed()))
+        data, fds = self.wire.call(self.pid, payload.data, payload.fds, limit)
+        return _ipc.loads(data, fds, self.leases)
 
     def stop(self, kill: bool = False) -> None:
-        """Closes the socket (the process leaves at once, see
+        """Ends the connection (the process leaves at once, see
         minato._process.child); `kill` also sends SIGKILL. In a fork child the
         process belongs to the parent: left alone."""
         if os.getpid() != self.owner:
@@ -236,7 +232,7 @@ class WorkerProcess:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        self.sock.close()
+        self.wire.shutdown()
 
     def exit_description(self) -> str:
         """How the process ended, as far as can be seen from here (the fork
@@ -434,33 +430,38 @@ class _Remote:
         except TimeoutError:
             assert self.process is not None
             return self._lost(epoch, task, "timed out")
-        except (EOFError, OSError):
+        except WireError as error:  # before OSError, which it is
+            assert self.process is not None
+            return self._lost(epoch, task, f"sent a malformed message ({error}) and was stopped")
+        except (EOFError, OSError) as error:
             if self.process is None:
                 raise
-            return self._lost(epoch, task, "died")
+            return self._lost(epoch, task, "died", f"{error}")
         return EXHAUSTED if answer is None else answer[0]
 
-    def _lost(self, epoch: int, task: Any, how: str) -> Any:
-        """The process is gone, killed past the hard limit or dead: its task
-        fails (a run of samples is re-run one by one first), and the next
-        task starts a new process."""
+    def _lost(self, epoch: int, task: Any, how: str, seen: str = "") -> Any:
+        """The process is gone, killed past the hard limit, dead, or stopped
+        for a malformed message (`how` says which): its task fails (a run
+        of samples is re-run one by one first), and the next task starts a
+        new process."""
         process = self.process
         assert process is not None
         self.process = None
         process.stop(kill=True)
-        timed_out = how == "timed out"
         if self.samples and len(task) > 1:
             return [sample for item in task for sample in self.run(epoch, [item])]
         if self.workers.spec.is_iterable:
             self.stream_lost = epoch
         where = f"DataLoader worker process {self.worker_id} (pid {process.pid})"
-        if timed_out:
+        if how == "timed out":
             message = (
                 f"{where} was killed: its task ran past sample_hard_timeout="
                 f"{self.workers.hard_timeout}s per sample"
             )
+        elif how == "died":
+            message = f"{where} {process.exit_description()}: {seen}"
         else:
-            message = f"{where} {process.exit_description()}"
+            message = f"{where} {how}"
         return self._failed(task, message)
 
     def _failed(self, task: Any, message: str) -> Any:

@@ -2,14 +2,15 @@
 //! type torch's DataLoader (or torch, or open()) would raise.
 
 use pyo3::exceptions::{
-    PyFileNotFoundError, PyIsADirectoryError, PyOSError, PyPermissionError, PyRuntimeError,
-    PyStopIteration, PyValueError,
+    PyEOFError, PyFileNotFoundError, PyIsADirectoryError, PyOSError, PyPermissionError,
+    PyRuntimeError, PyStopIteration, PyTimeoutError, PyValueError,
 };
 use pyo3::PyErr;
 
 use crate::collate::StackError;
 use crate::engine::EngineError;
 use crate::io::DecodeError;
+use crate::wire::WireError;
 
 /// Python's side of the decode errors, in a module of its own so that the
 /// exception's Python name is `DecodeError`, like the Rust enum's.
@@ -20,6 +21,13 @@ pub(crate) mod python {
         pyo3::exceptions::PyValueError,
         "Data that minato.io cannot decode: truncated, corrupt, unsupported or over a size \
          cap. The message names the format and the reason."
+    );
+    pyo3::create_exception!(
+        minato._minato,
+        WireError,
+        pyo3::exceptions::PyConnectionError,
+        "A worker process sent something that is not a message of minato's wire. \
+         The message says what arrived."
     );
 }
 
@@ -104,6 +112,22 @@ impl From<StackError> for PyErr {
             StackError::OutputReadOnly
             | StackError::NotContiguous { .. }
             | StackError::Overlaps { .. } => PyValueError::new_err(err.to_string()),
+        }
+    }
+}
+
+impl From<WireError> for PyErr {
+    fn from(err: WireError) -> PyErr {
+        match err {
+            // What reading a socket whose peer left raises in Python.
+            WireError::Closed | WireError::Truncated { .. } => PyEOFError::new_err(err.to_string()),
+            // A socket's timeout.
+            WireError::TimedOut => PyTimeoutError::new_err(err.to_string()),
+            WireError::Io(err) => err.into(),
+            WireError::BadMagic { .. }
+            | WireError::TooManyFds { .. }
+            | WireError::FdCountMismatch { .. }
+            | WireError::TooLarge { .. } => python::WireError::new_err(err.to_string()),
         }
     }
 }

@@ -14,6 +14,7 @@ mod sample_engine;
 mod sample_ledger;
 mod sample_seed;
 mod stats;
+mod wire;
 mod worker;
 
 use pyo3::marker::Ungil;
@@ -44,7 +45,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     io_image::register(m)?;
     io_array::register(m)?;
     io_video::register(m)?;
-    worker::register(m)?;
+    wire::register(m)?;
     sample_seed::register(m)?;
     sample_ledger::register(m)?;
     Ok(())

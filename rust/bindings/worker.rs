@@ -4,7 +4,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use super::stats::GilWait;
-use crate::engine::{computes_in, Outcome, Sample, TaskClock, WorkerHooks};
+use crate::engine::{Outcome, Sample, TaskClock, WorkerHooks};
 use crate::thread_exit::hang_on_thread_exit;
 
 /// Runs a worker thread's whole life attached to the interpreter.
@@ -157,18 +157,4 @@ impl WorkerHooks for PythonSampleWorker {
             })
         })
     }
-}
-
-/// Called on a worker thread around a task it hands to worker process
-/// `pid` (None once it is back): the engine then reads whether the task
-/// computes from the process, not from this waiting thread. Returns whether
-/// the calling thread is an engine's worker.
-#[pyfunction]
-#[pyo3(signature = (pid, /))]
-fn _worker_computes_in(pid: Option<u32>) -> bool {
-    computes_in(pid)
-}
-
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(_worker_computes_in, m)?)
 }

@@ -1,0 +1,19 @@
+//! The wire between the loader and its worker processes: frames over a Unix
+//! stream socket, each a fixed header, a payload (a pickle, to Python) and
+//! the file descriptors sent beside it (`SCM_RIGHTS`: the shared memory a
+//! payload's large tensors live in).
+//!
+//! Read and written here, with the GIL released, so that a worker thread
+//! takes the GIL once to pickle a task and once to unpickle its answer,
+//! not around every socket call. A frame the other end cuts short, or one
+//! that is not a frame, is a typed [`WireError`]: the caller fails the task
+//! and stops the process, and nothing is allocated from a length it has not
+//! received.
+
+mod error;
+mod frame;
+mod socket;
+
+pub use error::WireError;
+pub use frame::{read_frame, Frame, FrameHeader, Transport, HEADER_BYTES, MAX_FDS};
+pub use socket::WireSocket;
