@@ -20,8 +20,9 @@ import time
 
 import torch
 
+from minato._minato import SlotMap as SlotLeases
+from minato._minato import SlotRing
 from minato._process import ipc as _ipc
-from minato._process.slots import SlotLeases, SlotRing
 
 BATCH = 16
 

@@ -11,6 +11,9 @@ __all__ = [
     "Engine",
     "SampleEngine",
     "SampleLedger",
+    "SlotLeaf",
+    "SlotMap",
+    "SlotRing",
     "Wire",
     "WireError",
     "_HAS_VIDEO",
@@ -22,6 +25,7 @@ __all__ = [
     "_load_npz",
     "_sample_seed",
     "_stack_into",
+    "_uniform_leaves",
 ]
 
 @final
@@ -117,6 +121,47 @@ class Wire:
         self, pid: int, data: bytes, fds: list[int], timeout: float | None = None
     ) -> tuple[bytes, list[int]]: ...
     def shutdown(self) -> None: ...
+
+@final
+class SlotRing:
+    """A worker process's ring of sample slots (rust/bindings/slots.rs)."""
+
+    def __new__(cls) -> SlotRing: ...
+    def take(self, nbytes: int) -> tuple[int, tuple[int, int, int, int] | None] | None: ...
+    def write(self, slot: int, data: Any) -> None: ...
+    def give_back(self, slots: list[int], unannounce: list[int] = ...) -> None: ...
+    @property
+    def free(self) -> int: ...
+    @property
+    def segments(self) -> int: ...
+    @property
+    def segment_slots(self) -> int: ...
+    @property
+    def slot_bytes(self) -> int: ...
+
+@final
+class SlotMap:
+    """The loader's mapping of one worker process's ring."""
+
+    def __new__(cls) -> SlotMap: ...
+    def map(self, segment: int, fd: int, size: int, slot_bytes: int) -> None: ...
+    def leaf(self, slot: int, nbytes: int, dtype: Any, shape: Any, is_array: bool) -> SlotLeaf: ...
+    def take_freed(self) -> list[int]: ...
+
+@final
+class SlotLeaf:
+    """A sample's tensor or array bytes in a slot (a buffer); its slot goes back when it goes."""
+
+    @property
+    def dtype(self) -> Any: ...
+    @property
+    def shape(self) -> Any: ...
+    @property
+    def is_array(self) -> bool: ...
+    @property
+    def nbytes(self) -> int: ...
+
+def _uniform_leaves(batch: Any) -> bool: ...
 
 class WireError(ConnectionError):
     """A worker process sent something that is not a message of minato's wire."""

@@ -1,4 +1,4 @@
-"""A worker process's ring of sample slots (minato._process.slots): payloads
+"""A worker process's ring of sample slots (rust/wire/slots.rs): payloads
 written into memory both sides mapped once, each slot reused only after
 nothing in the loader views it any more.
 
@@ -21,8 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minato
+from minato._minato import SlotMap as SlotLeases
+from minato._minato import SlotRing
 from minato._process import ipc as _ipc
-from minato._process.slots import MAX_RING_BYTES, SEGMENT_SLOTS, SlotLeases, SlotRing
+
+# As rust/wire/slots.rs sets them.
+SEGMENT_SLOTS = 32
+MAX_RING_BYTES = 64 << 20
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -62,7 +67,7 @@ def test_a_task_of_many_samples_adds_segments_announced_once() -> None:
     ring, leases = SlotRing(), SlotLeases()
     run = [torch.full(SHAPE, float(i)) for i in range(SEGMENT_SLOTS + 8)]
     received = through(run, ring, leases)
-    assert len(ring.segments) == 2 and ring.announced == {0, 1}
+    assert ring.segments == 2
     for i, tensor in enumerate(received):
         assert torch.all(tensor == float(i)), i
     # A later message into the second segment sends no descriptor again.
@@ -138,7 +143,7 @@ def test_a_ring_is_bounded_and_not_made_for_huge_payloads() -> None:
     assert ring.free * ring.slot_bytes <= MAX_RING_BYTES
     huge = SlotRing()
     assert huge.take(MAX_RING_BYTES // 2) is None
-    assert huge.segments == []
+    assert huge.segments == 0
 
 
 def test_a_message_that_fails_to_pickle_gives_its_slots_back() -> None:
@@ -150,13 +155,13 @@ def test_a_message_that_fails_to_pickle_gives_its_slots_back() -> None:
     with pytest.raises(TypeError, match="no pickling"):
         _ipc.dumps([torch.zeros(SHAPE), Unpicklable()], ring)
     assert ring.free == SEGMENT_SLOTS
-    assert not ring.announced
     # The ring is announced by the next message that uses it.
     assert torch.equal(through(torch.ones(SHAPE), ring, leases), torch.ones(SHAPE))
 
 
 def test_a_slot_without_a_ring_expected_is_refused() -> None:
-    payload = _ipc.dumps(torch.zeros(SHAPE), SlotRing())
+    ring = SlotRing()  # kept: its segment's descriptor closes with it
+    payload = _ipc.dumps(torch.zeros(SHAPE), ring)
     with pytest.raises(Exception, match="no ring is expected"):
         _ipc.loads(payload.data, [os.dup(fd) for fd in payload.fds])
 
@@ -171,19 +176,24 @@ class Images(tud.Dataset):
 
 def _count_slot_rebuilds(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts the tensors rebuilt from slots, and the segments mapped."""
-    counts = {"slot": 0, "segments": 0}
-    rebuild, mapping = _ipc._rebuild_slot_tensor, SlotLeases.map
+    counts = {"slot": 0, "segments": 0, "tensors": 0}
+    rebuild, leaf, tensor = _ipc._rebuild_slot_tensor, _ipc._slot_leaf, _ipc.slot_tensor
+
+    def counting_tensor(*args):
+        counts["tensors"] += 1
+        return tensor(*args)
 
     def counting(*args):
         counts["slot"] += 1
         return rebuild(*args)
 
-    def counting_map(self, *args):
-        counts["segments"] += 1
-        return mapping(self, *args)
+    def counting_leaf(segment, *args):
+        counts["segments"] += segment is not None
+        return leaf(segment, *args)
 
     monkeypatch.setattr(_ipc, "_rebuild_slot_tensor", counting)
-    monkeypatch.setattr(SlotLeases, "map", counting_map)
+    monkeypatch.setattr(_ipc, "_slot_leaf", counting_leaf)
+    monkeypatch.setattr(_ipc, "slot_tensor", counting_tensor)
     return counts
 
 
@@ -223,6 +233,8 @@ def test_process_workers_deliver_torchs_batches_through_their_rings(
                 index = int(image[0, 0, 0])
                 assert torch.all(image == index) and np.all(array == index)
         assert counts["slot"] == 160
+        # The user's collate gets each sample's tensor as it was made.
+        assert counts["tensors"] == 160
         # 320 payloads held: at least five segments of 32 slots per worker.
         assert counts["segments"] >= 10
     else:
@@ -237,6 +249,9 @@ def test_process_workers_deliver_torchs_batches_through_their_rings(
         # worker's ring stayed within a few segments.
         assert counts["slot"] == 160
         assert counts["segments"] <= 6
+        # default_collate's batches were stacked from the slots: no tensor
+        # was made of a sample on the way.
+        assert counts["tensors"] == 0
 
 
 # Operations on one worker process's ring: ("send", size in 16 KiB units
@@ -279,9 +294,56 @@ def test_held_samples_keep_their_values_and_every_slot_comes_back(operations) ->
         # Whatever the order, a sample still held keeps its value: its slot
         # was never handed out again.
         assert all(torch.all(tensor == expected) for expected, tensor in held)
-        assert len(ring.segments) * ring.segment_slots * ring.slot_bytes <= MAX_RING_BYTES
+        assert ring.segments * ring.segment_slots * ring.slot_bytes <= MAX_RING_BYTES
     held.clear()
     gc.collect()
     ring.give_back(leases.take_freed())
-    # Every slot taken came back exactly once.
-    assert sorted(ring._free) == list(range(len(ring.segments) * ring.segment_slots))
+    # Every slot taken came back (exactly once: the ring would not hand a
+    # slot out twice, test_a_ring_is_bounded_and_slots_are_never_handed_out_twice).
+    assert ring.free == ring.segments * ring.segment_slots
+
+
+def test_a_batch_stacked_from_slots_is_default_collates() -> None:
+    from torch.utils.data import default_collate
+
+    from minato._loader.collate import fast_default_collate
+
+    ring, slots = SlotRing(), SlotLeases()
+
+    def received(samples):
+        payload = _ipc.dumps(samples, ring)
+        fds = [os.dup(fd) for fd in payload.fds]
+        return _ipc.loads(payload.data, fds, slots, keep_leaves=True)
+
+    samples = [
+        {
+            "image": torch.randn(SHAPE),
+            "mask": np.random.rand(100, 96) > 0.5,
+            "depth": np.random.rand(100, 96).astype(np.float16),
+            "label": i,
+        }
+        for i in range(6)
+    ]
+    leaves = received(samples)
+    assert all(type(sample["image"]) is _ipc.SlotLeaf for sample in leaves)
+    for pin in (False, True) if torch.cuda.is_available() else (False,):
+        ours, theirs = fast_default_collate(pin)(leaves), default_collate(samples)
+        assert ours.keys() == theirs.keys()
+        for key in theirs:
+            assert type(ours[key]) is type(theirs[key])
+            assert ours[key].dtype == theirs[key].dtype, key
+            assert torch.equal(ours[key], theirs[key]), key
+    # A batch mixing slot leaves and tensors (a sample that found the ring
+    # full) is default_collate's too.
+    mixed = [samples[0]["image"], *[sample["image"] for sample in leaves[1:]]]
+    expected = torch.stack([sample["image"] for sample in samples])
+    assert torch.equal(fast_default_collate(False)(mixed), expected)
+    assert torch.equal(fast_default_collate(False)(mixed[::-1]), expected.flip(0))
+    # Leaves that do not fit together fail as torch's stack does.
+    odd = received([torch.zeros(SHAPE), torch.zeros((3, 64, 100))])
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        fast_default_collate(False)(odd)
+    del leaves, mixed, odd
+    gc.collect()
+    ring.give_back(slots.take_freed())
+    assert ring.free == ring.segments * ring.segment_slots

@@ -7,6 +7,11 @@ when the batch is going to a GPU — and the samples are copied into it by
 Rust threads with the GIL released. Everything that is not a tensor or
 numpy array of one shape and dtype goes through torch's own code, so results
 (types, dtypes, nesting, errors) are exactly ``default_collate``'s.
+
+From worker processes, a sample's large tensors and arrays arrive as
+``SlotLeaf``s, their bytes still in the process's ring (rust/wire/slots.rs):
+a batch of them is stacked straight from the slots, no tensor made per
+sample; anything else they meet is made of them as the sample had it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import torch
 from torch.utils.data._utils import collate as _collate
 
 from minato import _minato
+from minato._minato import SlotLeaf
+from minato._process.ipc import slot_value
 
 # From this many bytes a batch is copied by Rust threads, the GIL released
 # (rust/collate/stack.rs copies in parallel from 1 MiB).
@@ -65,7 +72,7 @@ def _tensor_fn(pin: bool) -> Callable[..., Any]:
     def collate_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
         stacked = _stack(batch, pin)
         if stacked is None:
-            return torch_fn(batch, collate_fn_map=collate_fn_map)
+            return torch_fn(_values(batch), collate_fn_map=collate_fn_map)
         return stacked
 
     return collate_tensors
@@ -90,9 +97,40 @@ def _ndarray_fn(pin: bool) -> Callable[..., Any]:
             stacked = _stack([torch.as_tensor(array) for array in batch], pin)
             if stacked is not None:
                 return stacked
-        return torch_fn(batch, collate_fn_map=collate_fn_map)
+        return torch_fn(_values(batch), collate_fn_map=collate_fn_map)
 
     return collate_arrays
+
+
+def _values(batch: Sequence[Any]) -> list[Any]:
+    """`batch` with any SlotLeaf made the tensor or array it was."""
+    return [slot_value(item) if type(item) is SlotLeaf else item for item in batch]
+
+
+# The torch dtype numpy arrays of each dtype become (torch.as_tensor's).
+_torch_dtypes: dict[Any, torch.dtype] = {}
+
+
+def _leaf_dtype(leaf: SlotLeaf) -> torch.dtype:
+    if not leaf.is_array:
+        return leaf.dtype
+    dtype = _torch_dtypes.get(leaf.dtype)
+    if dtype is None:
+        dtype = _torch_dtypes[leaf.dtype] = torch.from_numpy(np.empty(0, leaf.dtype)).dtype
+    return dtype
+
+
+def _slot_leaf_fn(pin: bool, collate_fn_map: dict[Any, Any]) -> Callable[..., Any]:
+    def collate_slot_leaves(batch: Sequence[Any], *, collate_fn_map: Any = collate_fn_map) -> Any:
+        if _minato._uniform_leaves(batch):
+            first = batch[0]
+            out = torch.empty((len(batch), *first.shape), dtype=_leaf_dtype(first), pin_memory=pin)
+            _minato._stack_into(batch, _bytes_of(out))
+            return out
+        values = _values(batch)
+        return _collate.collate(values, collate_fn_map=collate_fn_map)
+
+    return collate_slot_leaves
 
 
 def fast_default_collate(pin: bool) -> Callable[[list[Any]], Any]:
@@ -101,10 +139,13 @@ def fast_default_collate(pin: bool) -> Callable[[list[Any]], Any]:
     collate_fn_map = dict(_collate.default_collate_fn_map)
     collate_fn_map[torch.Tensor] = _tensor_fn(pin)
     collate_fn_map[np.ndarray] = _ndarray_fn(pin)
+    collate_fn_map[SlotLeaf] = _slot_leaf_fn(pin, collate_fn_map)
 
     def collate(batch: list[Any]) -> Any:
         return _collate.collate(batch, collate_fn_map=collate_fn_map)
 
     collate.__doc__ = fast_default_collate.__doc__
     collate.draws_no_random = True  # type: ignore[attr-defined]
+    # Worker processes may leave samples' payloads in their slots.
+    collate.takes_slot_leaves = True  # type: ignore[attr-defined]
     return collate

@@ -665,6 +665,12 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         batch_size = loader.batch_size or 1
         spec = self._worker_spec(loader)
         self._processes = self._process_workers(loader, spec)
+        if self._processes is not None and self._collate_fn is default_collate:
+            # Samples from worker processes are then stacked from their
+            # slots, never made tensors one by one (minato._loader.collate).
+            self._collate_fn = fast_default_collate(pin=self._pin_memory)
+        if self._processes is not None:
+            self._processes.keep_leaves = getattr(self._collate_fn, "takes_slot_leaves", False)
         return SampleEngine(
             worker_factory(spec, samples=True, processes=self._processes),
             sample_collator(

@@ -28,9 +28,8 @@ from typing import Any
 import torch
 from torch.utils.data._utils import worker as _torch_worker
 
-from minato._minato import Wire
+from minato._minato import SlotRing, Wire
 from minato._process import ipc as _ipc
-from minato._process.slots import SlotRing
 from minato._task.runner import EXHAUSTED, WORKER_NOUN, WorkerSpec, make_runner
 from minato._task.seed import SampleRun, seed_process
 from minato._thread.generators import set_process_initial_seed

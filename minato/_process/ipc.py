@@ -8,7 +8,7 @@ file descriptors beside the pickle (``SCM_RIGHTS``). The receiver maps the
 same pages, so a sample's payload is written once by the worker and copied
 at most once more, into its batch; nothing large goes through the socket.
 A worker process's results go into its ring of sample slots where they fit
-(minato._process.slots): memory both sides mapped once, not a segment each.
+(rust/wire/slots.rs): memory both sides mapped once, not a segment each.
 
 This uses torch's own shared-memory storages (what ``torch.multiprocessing``
 sends between processes), through the private methods torch's reductions
@@ -32,8 +32,7 @@ import numpy as np
 import torch
 import torch.multiprocessing
 
-from minato._minato import Wire
-from minato._process.slots import SlotLeases, SlotRing
+from minato._minato import SlotLeaf, SlotMap, SlotRing, Wire
 
 # Below this, pickling the bytes costs less than a shared-memory mapping.
 SHARE_MIN_BYTES = 64 * 1024
@@ -82,33 +81,34 @@ class _SharingPickler(cloudpickle.Pickler):
         self.ring_slots: list[int] = []
         self.announcing: list[int] = []
 
-    def _in_ring(self, nbytes: int) -> tuple[Any, int, torch.Tensor] | None:
-        """A free slot of the ring for a payload of `nbytes`, as (its
-        segment's descriptor where the loader lacks it, the slot, its bytes
-        to write the payload into), or None."""
+    def _in_ring(self, data: np.ndarray) -> tuple[_Segment | None, int] | None:
+        """`data` (contiguous bytes) written into a free slot of the ring, as
+        (its segment's descriptor where the loader lacks it, the slot), or
+        None where it does not fit."""
         ring = self.ring
         if ring is None or len(self.fds) >= MAX_FDS:
             return None
-        slot = ring.take(nbytes)
-        if slot is None:
+        taken = ring.take(data.nbytes)
+        if taken is None:
             return None
+        slot, announce = taken
         self.ring_slots.append(slot)
         found = None
-        segment = ring.segment_of(slot)
-        if segment not in ring.announced:
-            # The segment's first use: its descriptor goes along.
-            fd_slot, size = self._slot(ring.segments[segment])
-            found = (fd_slot, size, ring.slot_bytes, segment)
-            ring.announced.add(segment)
+        if announce is not None:
+            # The segment's first use: its descriptor goes along (the ring
+            # keeps it open).
+            fd, size, slot_bytes, segment = announce
+            self.fds.append(fd)
+            found = (len(self.fds) - 1, size, slot_bytes, segment)
             self.announcing.append(segment)
-        return found, slot, ring.bytes_of(slot, nbytes)
+        ring.write(slot, data)
+        return found, slot
 
     def unwind(self) -> None:
         """The message was not sent: its slots are free again, and the
         segments it announced are not announced."""
         if self.ring is not None:
-            self.ring.give_back(self.ring_slots)
-            self.ring.announced.difference_update(self.announcing)
+            self.ring.give_back(self.ring_slots, self.announcing)
 
     def reducer_override(self, obj: Any) -> Any:
         # Exact types: subclasses (nn.Parameter, masked arrays) keep their own pickling.
@@ -155,10 +155,9 @@ class _SharingPickler(cloudpickle.Pickler):
         # stays a view of what it shares, as in torch.
         copied_alone = storage.nbytes() > 2 * tensor.nbytes and self.ring is not None
         if not storage.is_shared() or copied_alone:
-            in_ring = self._in_ring(tensor.nbytes)
+            in_ring = self._in_ring(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
             if in_ring is not None:
-                segment, slot, raw = in_ring
-                raw.view(tensor.dtype).view(tensor.shape).copy_(tensor)
+                segment, slot = in_ring
                 shape = tuple(tensor.shape)
                 return _rebuild_slot_tensor, (segment, slot, tensor.nbytes, tensor.dtype, shape)
             shared = self._fresh(tensor.nbytes)
@@ -173,11 +172,9 @@ class _SharingPickler(cloudpickle.Pickler):
         return _rebuild_tensor, (*args, tuple(tensor.stride()))
 
     def _array(self, data: np.ndarray) -> Any:
-        in_ring = self._in_ring(data.nbytes)
+        in_ring = self._in_ring(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
         if in_ring is not None:
-            segment, slot, raw = in_ring
-            destination = raw.numpy().view(data.dtype).reshape(data.shape)
-            np.copyto(destination, data, casting="no")
+            segment, slot = in_ring
             return _rebuild_slot_array, (segment, slot, data.nbytes, data.dtype, data.shape)
         shared = self._fresh(data.nbytes)
         raw = torch.empty((0,), dtype=torch.uint8).set_(shared, 0, (data.nbytes,)).numpy()
@@ -382,37 +379,67 @@ def _rebuild_array(slot: int, size: int, dtype: Any, shape: tuple, nbytes: int) 
 _Segment = tuple[int, int, int, int]
 
 
-def _slot_bytes(segment: _Segment | None, slot: int, nbytes: int) -> np.ndarray:
-    """A ring slot's bytes, leased."""
-    leases = getattr(_received, "leases", None)
-    if leases is None:
+def _slot_leaf(
+    segment: _Segment | None, slot: int, nbytes: int, dtype: Any, shape: tuple, is_array: bool
+) -> SlotLeaf:
+    """A ring slot's payload; its slot goes back once nothing views it."""
+    slots = getattr(_received, "slots", None)
+    if slots is None:
         raise pickle.UnpicklingError("a sample slot arrived where no ring is expected")
     if segment is not None:
         fd_slot, size, slot_bytes, number = segment
-        leases.map(number, _storage(fd_slot, size), slot_bytes)
-    return leases.bytes_of(slot, nbytes)
+        slots.map(number, _received.fds[fd_slot], size, slot_bytes)
+    return slots.leaf(slot, nbytes, dtype, shape, is_array)
 
 
 def _rebuild_slot_tensor(
     segment: _Segment | None, slot: int, nbytes: int, dtype: torch.dtype, shape: tuple
-) -> torch.Tensor:
-    return torch.from_numpy(_slot_bytes(segment, slot, nbytes)).view(dtype).view(shape)
+) -> torch.Tensor | SlotLeaf:
+    leaf = _slot_leaf(segment, slot, nbytes, dtype, shape, False)
+    if _received.keep_leaves:
+        return leaf  # stacked from its slot by the collate (minato._loader.collate)
+    return slot_tensor(leaf)
 
 
 def _rebuild_slot_array(
     segment: _Segment | None, slot: int, nbytes: int, dtype: Any, shape: tuple
-) -> np.ndarray:
-    return _slot_bytes(segment, slot, nbytes).view(dtype).reshape(shape)
+) -> np.ndarray | SlotLeaf:
+    leaf = _slot_leaf(segment, slot, nbytes, dtype, shape, True)
+    if _received.keep_leaves:
+        return leaf
+    return slot_array(leaf)
 
 
-def loads(data: bytes | bytearray, fds: list[int], leases: SlotLeases | None = None) -> Any:
+def slot_tensor(leaf: SlotLeaf) -> torch.Tensor:
+    """A tensor leaf as the sample had it, viewing its slot."""
+    return torch.frombuffer(leaf, dtype=torch.uint8).view(leaf.dtype).view(leaf.shape)
+
+
+def slot_array(leaf: SlotLeaf) -> np.ndarray:
+    """An array leaf as the sample had it, viewing its slot."""
+    return np.frombuffer(leaf, dtype=np.uint8).view(leaf.dtype).reshape(leaf.shape)
+
+
+def slot_value(leaf: SlotLeaf) -> torch.Tensor | np.ndarray:
+    return slot_array(leaf) if leaf.is_array else slot_tensor(leaf)
+
+
+def loads(
+    data: bytes | bytearray,
+    fds: list[int],
+    slots: SlotMap | None = None,
+    keep_leaves: bool = False,
+) -> Any:
     """Unpickles a message; closes its descriptors (the storages mapped
-    from them hold their own). `leases`: the sending process's ring."""
-    _received.fds, _received.storages, _received.leases = fds, {}, leases
+    from them hold their own). `slots`: the sending process's ring, as
+    mapped here; `keep_leaves`: its payloads stay `SlotLeaf`s, for a collate
+    that stacks them from their slots."""
+    _received.fds, _received.storages = fds, {}
+    _received.slots, _received.keep_leaves = slots, keep_leaves
     try:
         return pickle.loads(data)
     finally:
-        _received.fds, _received.storages, _received.leases = (), {}, None
+        _received.fds, _received.storages, _received.slots = (), {}, None
         for fd in fds:
             os.close(fd)
 
@@ -425,8 +452,7 @@ def send_payload(wire: Wire, payload: Payload) -> None:
     wire.send(payload.data, payload.fds)
 
 
-def recv(wire: Wire, leases: SlotLeases | None = None) -> Any:
-    """The next message; EOFError when the other end is gone. `leases`: the
-    sending process's ring, where it sends into one."""
+def recv(wire: Wire) -> Any:
+    """The next message; EOFError when the other end is gone."""
     data, fds = wire.receive()
-    return loads(data, fds, leases)
+    return loads(data, fds)

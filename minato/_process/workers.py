@@ -53,11 +53,10 @@ from typing import Any
 
 from torch._utils import ExceptionWrapper
 
-from minato._minato import Wire, WireError
+from minato._minato import SlotMap, Wire, WireError
 from minato._process import ipc as _ipc
 from minato._process import zygote as _zygote
 from minato._process.method import WorkerMethod
-from minato._process.slots import SlotLeases
 from minato._task.error import WorkerError
 from minato._task.failures import SampleFailure, Skipped
 from minato._task.runner import EXHAUSTED, WorkerSpec
@@ -196,8 +195,10 @@ class WorkerProcess:
             theirs.close()
         self.wire = Wire(ours)
         self.owner = os.getpid()
-        # The process's ring of sample slots (minato._process.slots).
-        self.leases = SlotLeases()
+        # The process's ring of sample slots (rust/wire/slots.rs), mapped here.
+        self.slots = SlotMap()
+        # Whether its samples' payloads stay in their slots for the collate.
+        self.keep_leaves = samples and workers.keep_leaves
         # Collected with its worker thread's runner (the pool shrank): the
         # connection ends and the process leaves.
         weakref.finalize(self, self.wire.shutdown)
@@ -217,9 +218,9 @@ class WorkerProcess:
         the process's state to tell a computing sample from a blocked one):
         TimeoutError past `limit`, EOFError/OSError if the process died,
         WireError if it sent something that is not a message."""
-        payload = _ipc.dumps((*message, self.leases.take_freed()))
+        payload = _ipc.dumps((*message, self.slots.take_freed()))
         data, fds = self.wire.call(self.pid, payload.data, payload.fds, limit)
-        return _ipc.loads(data, fds, self.leases)
+        return _ipc.loads(data, fds, self.slots, self.keep_leaves)
 
     def stop(self, kill: bool = False) -> None:
         """Ends the connection (the process leaves at once, see
@@ -271,6 +272,9 @@ class ProcessWorkers:
             spec, collate_fn=collate_fn, take_stream_skip=_no_stream_skip
         )
         self.hard_timeout = hard_timeout
+        # Set when the loader's collate stacks samples' payloads from their
+        # slots (minato._loader.collate): they arrive as SlotLeafs.
+        self.keep_leaves = False
         self.forced = method.processes and method.requested == "multiprocessing"
         # Whether a map-style loader may move between tasks (otherwise an
         # IterableDataset's worker moves at its epoch's start, a loader that

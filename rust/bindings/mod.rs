@@ -13,6 +13,7 @@ mod sample_collate;
 mod sample_engine;
 mod sample_ledger;
 mod sample_seed;
+mod slots;
 mod stats;
 mod wire;
 mod worker;
@@ -46,6 +47,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     io_array::register(m)?;
     io_video::register(m)?;
     wire::register(m)?;
+    slots::register(m)?;
     sample_seed::register(m)?;
     sample_ledger::register(m)?;
     Ok(())

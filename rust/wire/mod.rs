@@ -8,12 +8,15 @@
 //! not around every socket call. A frame the other end cuts short, or one
 //! that is not a frame, is a typed [`WireError`]: the caller fails the task
 //! and stops the process, and nothing is allocated from a length it has not
-//! received.
+//! received. Large payloads go beside the frames, in shared memory
+//! ([`SlotRing`] and [`SlotMap`]).
 
 mod error;
 mod frame;
+mod slots;
 mod socket;
 
 pub use error::WireError;
 pub use frame::{read_frame, Frame, FrameHeader, Transport, HEADER_BYTES, MAX_FDS};
+pub use slots::{Segment, SlotMap, SlotRing, Taken};
 pub use socket::WireSocket;
