@@ -88,6 +88,19 @@ def systems(workers: int) -> dict[str, dict]:
             "in_order": True,
             "sample_timeout": None,
         },
+        # minato's worker processes run niced (worker_nice=10), so beside the
+        # spinners of --busy they get a fraction of a core where torch's get
+        # a share: these rows run them at torch's priority.
+        "minato worker processes, sample-level, worker_nice=0": {
+            "worker_method": "multiprocessing",
+            "worker_nice": 0,
+        },
+        "minato worker processes, whole batches, worker_nice=0": {
+            "worker_method": "multiprocessing",
+            "in_order": True,
+            "sample_timeout": None,
+            "worker_nice": 0,
+        },
     }
 
 
