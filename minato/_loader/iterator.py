@@ -662,6 +662,14 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
     """
 
     def _start_engine(self, loader: DataLoader) -> Engine | SampleEngine:
+        engine = self._start_sample_engine(loader)
+        if self._method.processes:
+            # Before the first epoch's prefetch goes out: its tasks are sized
+            # for processes' round trips (rust/engine/sample_scheduler.rs).
+            engine.set_task_costs(PROCESS_RUN_TARGET_S, PROCESS_MIN_TIMEOUT_S)
+        return engine
+
+    def _start_sample_engine(self, loader: DataLoader) -> SampleEngine:
         batch_size = loader.batch_size or 1
         spec = self._worker_spec(loader)
         self._processes = self._process_workers(loader, spec)

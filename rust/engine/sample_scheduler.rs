@@ -250,6 +250,7 @@ where
             &core.fetch_times,
             core.gil_contention.run_target(self.run_target),
         )
+        .unwrap_or(1)
     }
 
     /// Queues one batch's samples; the batch delivered in its place has the
@@ -272,7 +273,8 @@ where
         // Runs long enough for a task's own cost, and for its wait to enter
         // the dataset's code where workers contend for it.
         let run_target = core.gil_contention.run_target(self.run_target);
-        let run_length = run_length(&core.fetch_times, run_target);
+        let run_length = run_length(&core.fetch_times, run_target)
+            .unwrap_or_else(|| untimed_run_length(run_target, batch.len(), core.workers.live()));
         self.last_run_length = run_length;
         // Samples already waiting (made up for skipped ones) may fill it.
         let check = core.assembler.ready_samples() > 0;
@@ -353,16 +355,30 @@ where
 }
 
 /// Samples per task for `fetch_times`: one when samples are slow enough to
-/// be worth a task each, a run of them when they are cheap.
-fn run_length(fetch_times: &FetchTimes, run_target: Duration) -> usize {
+/// be worth a task each, a run of them when they are cheap; None before any
+/// sample was timed.
+fn run_length(fetch_times: &FetchTimes, run_target: Duration) -> Option<usize> {
     match fetch_times.percentile(0.5) {
         Some(p50) if !p50.is_zero() => {
             let run = run_target.as_nanos() / p50.as_nanos();
-            usize::try_from(run).unwrap_or(MAX_RUN).clamp(1, MAX_RUN)
+            Some(usize::try_from(run).unwrap_or(MAX_RUN).clamp(1, MAX_RUN))
         }
-        Some(_) => MAX_RUN,
-        None => 1,
+        Some(_) => Some(MAX_RUN),
+        None => None,
     }
+}
+
+/// Samples per task before any sample was timed: one, unless a task is
+/// known to cost more than the default run target (a worker process's
+/// round trip). Then a batch is spread over the `workers`, one run each:
+/// every worker is busy and each pays one round trip per batch, where
+/// samples one by one would each pay it (the first epoch's whole prefetch
+/// goes out before any sample is timed).
+fn untimed_run_length(run_target: Duration, batch: usize, workers: usize) -> usize {
+    if run_target <= RUN_TARGET {
+        return 1;
+    }
+    batch.div_ceil(workers.max(1)).clamp(1, MAX_RUN)
 }
 
 impl<P, S, W, C> Lifecycle for SampleEngine<P, S, W, C>
@@ -402,5 +418,20 @@ where
 {
     fn drop(&mut self) {
         self.shutdown_with_default_grace();
+    }
+}
+
+#[cfg(test)]
+mod untimed_tests {
+    use super::*;
+
+    #[test]
+    fn untimed_samples_go_one_by_one_unless_tasks_are_known_to_cost_more() {
+        assert_eq!(untimed_run_length(RUN_TARGET, 64, 16), 1);
+        let long = Duration::from_millis(50);
+        assert_eq!(untimed_run_length(long, 64, 16), 4);
+        assert_eq!(untimed_run_length(long, 64, 5), 13);
+        assert_eq!(untimed_run_length(long, 3, 16), 1);
+        assert_eq!(untimed_run_length(long, 64, 0), 64.min(MAX_RUN));
     }
 }
