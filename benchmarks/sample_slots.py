@@ -22,9 +22,9 @@ import time
 
 import torch
 
+from minato._loader.collate import fast_default_collate
 from minato._minato import SlotMap as SlotLeases
 from minato._minato import SlotRing
-from minato._loader.collate import fast_default_collate
 from minato._process import ipc as _ipc
 
 BATCH = 16
