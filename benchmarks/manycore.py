@@ -9,8 +9,11 @@ hand-over: ``--busy`` stands for that with one spinning process per core.
 
 Every system runs in this one process, one after another, on the same
 workload; the figures are samples/s as a fraction of the ideal N/d, in the
-steady state (after the first batches), and the training process's own CPU
-time per sample (``RUSAGE_SELF``: its threads, not its worker processes).
+steady state (after the first batches), the training process's own CPU
+time per sample (``RUSAGE_SELF``: its threads, not its worker processes),
+and, for minato, the GIL takes its bindings count per batch
+(rust/bindings/gil_takes.rs: a task entering Python, a collate, each
+return from a GIL-free wait; Python's own hand-overs are not seen).
 
     python benchmarks/manycore.py [--workers 16 --sleep-ms 3] [--batch 64] [--busy]
 """
@@ -28,6 +31,7 @@ import torch
 import torch.utils.data as tud
 
 import minato
+from minato._minato import _gil_takes
 
 IMAGE = (224, 224, 3)
 WARM_BATCHES = 8
@@ -56,19 +60,22 @@ def _self_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(make_loader) -> tuple[float, float]:
-    """(samples/s, CPU seconds per sample) after the first batches."""
+def measure(make_loader) -> tuple[float, float, float]:
+    """(samples/s, CPU seconds per sample, minato's GIL takes per batch)
+    after the first batches."""
     loader = make_loader()
     iterator = iter(loader)
     for _ in range(WARM_BATCHES):
         next(iterator)
-    samples = 0
-    began, cpu = time.perf_counter(), _self_cpu()
+    samples = batches = 0
+    began, cpu, takes = time.perf_counter(), _self_cpu(), _gil_takes()
     for images, _ in iterator:
         samples += len(images)
+        batches += 1
     elapsed, cpu = time.perf_counter() - began, _self_cpu() - cpu
+    takes = _gil_takes() - takes
     del iterator, loader
-    return samples / elapsed, cpu / max(samples, 1)
+    return samples / elapsed, cpu / max(samples, 1), takes / max(batches, 1)
 
 
 def systems(workers: int) -> dict[str, dict]:
@@ -146,10 +153,11 @@ def main() -> None:
                     **options,
                 )
 
-            rate, cpu = measure(make)
+            rate, cpu, takes = measure(make)
+            gil = "" if use_torch else f"  {takes:6.1f} GIL takes/batch"
             print(
                 f"  {name:44s} {rate:9,.0f}/s  {rate / ideal:5.2f} of ideal  "
-                f"{cpu * 1e6:6.1f} us CPU/sample"
+                f"{cpu * 1e6:6.1f} us CPU/sample{gil}"
             )
     finally:
         for spinner in spinners:

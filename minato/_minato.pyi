@@ -21,6 +21,7 @@ __all__ = [
     "_decode_images_into",
     "_decode_video",
     "_epoch_seed",
+    "_gil_takes",
     "_load_npy",
     "_load_npz",
     "_sample_seed",
@@ -162,6 +163,10 @@ class SlotLeaf:
     def nbytes(self) -> int: ...
 
 def _uniform_leaves(batch: Any) -> bool: ...
+
+# --- GIL takes counted (rust/bindings/gil_takes.rs) ---
+
+def _gil_takes() -> int: ...
 
 class WireError(ConnectionError):
     """A worker process sent something that is not a message of minato's wire."""

@@ -4,6 +4,7 @@
 mod collate;
 mod engine;
 mod errors;
+mod gil_takes;
 mod io_array;
 mod io_image;
 mod io_source;
@@ -32,7 +33,9 @@ where
     F: Ungil + FnOnce() -> T,
     T: Ungil,
 {
-    hang_on_thread_exit(|| py.detach(f))
+    let result = hang_on_thread_exit(|| py.detach(f));
+    gil_takes::took_gil();
+    result
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -48,6 +51,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     io_video::register(m)?;
     wire::register(m)?;
     slots::register(m)?;
+    gil_takes::register(m)?;
     sample_seed::register(m)?;
     sample_ledger::register(m)?;
     Ok(())

@@ -155,6 +155,7 @@ impl Collate<PyResult<Py<PyAny>>> for PythonCollate {
             return PyBatch::Deferred(samples);
         }
         PyBatch::Collated(Python::attach(|py| {
+            super::gil_takes::took_gil();
             Self::collate_now(&self.collate, &self.error_type, &self.cost, py, samples)
         }))
     }

@@ -21,6 +21,7 @@ impl GilWait {
     pub fn attach<T>(&self, clock: &TaskClock, f: impl for<'py> FnOnce(Python<'py>) -> T) -> T {
         let pause = clock.pause();
         Python::attach(|py| {
+            super::gil_takes::took_gil();
             let waited = u64::try_from(pause.end().as_nanos()).unwrap_or(u64::MAX);
             self.0.fetch_add(waited, Ordering::Relaxed);
             f(py)
