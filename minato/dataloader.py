@@ -44,11 +44,37 @@ def sampler_shuffles(sampler: object) -> bool:
     return isinstance(sampler, random_samplers) or getattr(sampler, "shuffle", False) is True
 
 
+class _DefaultOrder:
+    """``in_order`` as a minato loader keeps it when none was given.
+
+    minato reads it as its default, ``None``. torch reads it as ``True``,
+    batches in the sampler's order. This matters when a library re-creates
+    the loader as torch's class from its attributes, as Accelerate does: the
+    copy gets torch's order, never the reordering that torch's iterator
+    would make of a plain ``None``. Re-created as minato's class, as
+    Lightning does, it keeps minato's default."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "minato.dataloader.DEFAULT_ORDER"
+
+    def __reduce__(self) -> str:
+        return "DEFAULT_ORDER"  # the module's one instance
+
+
+DEFAULT_ORDER = _DefaultOrder()
+
+
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """A drop-in replacement for :class:`torch.utils.data.DataLoader`.
 
     The signature, defaults, validation and attributes are torch's (2.15),
-    with one difference: ``in_order`` defaults to ``None``: torch's batches
+    with one difference: ``in_order`` defaults to ``None`` (kept as
+    ``DEFAULT_ORDER``, which torch's own class reads as ``True``): torch's batches
     in torch's order, except that when the sampler shuffles a sample that
     runs late (8 times the median fetch time, at least 100 ms, or
     ``sample_timeout`` when given) joins a later batch instead of holding
@@ -219,10 +245,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device,
-            in_order=True if in_order is None else in_order,
+            in_order=True if in_order is None or in_order is DEFAULT_ORDER else in_order,
         )
-        # Kept as given: Lightning re-creates loaders from these attributes.
-        self.in_order = in_order  # type: ignore[assignment]  # torch declares bool
+        # Kept as given (Lightning re-creates loaders from these attributes),
+        # the default as DEFAULT_ORDER: None to minato, True to torch.
+        self.in_order = DEFAULT_ORDER if in_order is None else in_order
         self.sample_timeout = sample_timeout
         self.sample_timeout_warmup = sample_timeout_warmup
         self.max_slow_samples = max_slow_samples
@@ -289,12 +316,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             return self.max_workers
         return max(self.num_workers, DEFAULT_MAX_WORKERS)
 
+    def in_order_given(self) -> bool | None:
+        """``in_order`` as given, None where it was not (see DEFAULT_ORDER)."""
+        return None if self.in_order is DEFAULT_ORDER else self.in_order
+
     def reorders(self) -> bool:
         """Whether batches may leave the sampler's order: ``in_order=False``,
         or ``in_order=None`` with a shuffling sampler, where a late sample
         may join a later batch (evaluation loops with a sequential sampler
         often rely on the order, so it is kept)."""
-        if self.in_order is not None:
+        if self.in_order_given() is not None:
             return not self.in_order
         if torch.are_deterministic_algorithms_enabled():
             return False

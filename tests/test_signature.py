@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import time
 
 import pytest
 import torch
@@ -97,8 +98,18 @@ def test_invalid_minato_options_are_refused(kwargs, error) -> None:
 
 
 def test_in_order_attribute_keeps_the_value_given() -> None:
-    assert minato.DataLoader(RangeDataset()).in_order is None
+    from minato.dataloader import DEFAULT_ORDER
+
+    default = minato.DataLoader(RangeDataset())
+    assert default.in_order is DEFAULT_ORDER and default.in_order_given() is None
     assert minato.DataLoader(RangeDataset(), in_order=False).in_order is False
+    assert minato.DataLoader(RangeDataset(), in_order=True).in_order is True
+    # Given back (a loader re-created from its attributes): the default again.
+    again = minato.DataLoader(RangeDataset(), in_order=default.in_order)
+    assert again.in_order is DEFAULT_ORDER
+    import pickle
+
+    assert pickle.loads(pickle.dumps(DEFAULT_ORDER)) is DEFAULT_ORDER
 
 
 def test_attributes_are_torchs() -> None:
@@ -230,3 +241,31 @@ def test_pin_memory_without_accelerator_warns_like_torch() -> None:
         pytest.skip("an accelerator is present")
     with pytest.warns(UserWarning, match="no accelerator is found"):
         list(minato.DataLoader(RangeDataset(4), pin_memory=True, num_workers=1))
+
+
+class _SlowFirst(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        if index == 0:
+            time.sleep(0.5)
+        return index
+
+
+@pytest.mark.timeout(120)
+def test_a_loader_re_created_as_torchs_class_keeps_torchs_order() -> None:
+    # As Accelerate's prepare() does: torch's class, torch's keyword
+    # arguments read from the loader's attributes.
+    loader = minato.DataLoader(_SlowFirst(), batch_size=1, num_workers=2)
+    names = inspect.signature(torch.utils.data.DataLoader.__init__).parameters
+    kwargs = {
+        name: getattr(loader, name, parameter.default)
+        for name, parameter in names.items()
+        if name != "self"
+    }
+    kwargs["sampler"] = kwargs["batch_sampler"] = None
+    kwargs["batch_size"] = 1
+    kwargs["multiprocessing_context"] = "fork"
+    recreated = torch.utils.data.DataLoader(**kwargs)
+    assert [int(batch) for batch in recreated] == list(range(8))

@@ -698,7 +698,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             error_type=ExceptionWrapper,
             # in_order=None: the sampler's order, but for a sample that runs
             # late; in_order=False: whichever samples finish first.
-            in_sequence=loader.in_order is None,
+            in_sequence=loader.in_order_given() is None,
             drop_last=self._drop_last,
             num_workers=self._starting_workers(loader),
             max_workers=self._max_workers(loader),
