@@ -339,6 +339,12 @@ def test_a_batch_stacked_from_slots_is_default_collates() -> None:
     expected = torch.stack([sample["image"] for sample in samples])
     assert torch.equal(fast_default_collate(False)(mixed), expected)
     assert torch.equal(fast_default_collate(False)(mixed[::-1]), expected.flip(0))
+    # Arrays in a byte order torch lacks fail as default_collate fails.
+    swapped = [np.arange(20_000, dtype=">f4") for _ in range(2)]
+    with pytest.raises(Exception) as theirs_error:
+        default_collate(swapped)
+    with pytest.raises(type(theirs_error.value)):
+        fast_default_collate(False)(received(swapped))
     # Leaves that do not fit together fail as torch's stack does.
     odd = received([torch.zeros(SHAPE), torch.zeros((3, 64, 100))])
     with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):

@@ -122,8 +122,10 @@ def _leaf_dtype(leaf: SlotLeaf) -> torch.dtype:
 
 def _slot_leaf_fn(pin: bool, collate_fn_map: dict[Any, Any]) -> Callable[..., Any]:
     def collate_slot_leaves(batch: Sequence[Any], *, collate_fn_map: Any = collate_fn_map) -> Any:
-        if _minato._uniform_leaves(batch):
-            first = batch[0]
+        first = batch[0]
+        # Arrays in a byte order torch lacks go through torch's code, and its error.
+        native = not first.is_array or first.dtype.isnative
+        if native and _minato._uniform_leaves(batch):
             out = torch.empty((len(batch), *first.shape), dtype=_leaf_dtype(first), pin_memory=pin)
             _minato._stack_into(batch, _bytes_of(out))
             return out
