@@ -120,8 +120,8 @@ def _leaf_dtype(leaf: SlotLeaf) -> torch.dtype:
     return dtype
 
 
-def _slot_leaf_fn(pin: bool, collate_fn_map: dict[Any, Any]) -> Callable[..., Any]:
-    def collate_slot_leaves(batch: Sequence[Any], *, collate_fn_map: Any = collate_fn_map) -> Any:
+def _slot_leaf_fn(pin: bool) -> Callable[..., Any]:
+    def collate_slot_leaves(batch: Sequence[Any], *, collate_fn_map: Any = None) -> Any:
         first = batch[0]
         # Arrays in a byte order torch lacks go through torch's code, and its error.
         native = not first.is_array or first.dtype.isnative
@@ -141,7 +141,7 @@ def fast_default_collate(pin: bool) -> Callable[[list[Any]], Any]:
     collate_fn_map = dict(_collate.default_collate_fn_map)
     collate_fn_map[torch.Tensor] = _tensor_fn(pin)
     collate_fn_map[np.ndarray] = _ndarray_fn(pin)
-    collate_fn_map[SlotLeaf] = _slot_leaf_fn(pin, collate_fn_map)
+    collate_fn_map[SlotLeaf] = _slot_leaf_fn(pin)
 
     def collate(batch: list[Any]) -> Any:
         return _collate.collate(batch, collate_fn_map=collate_fn_map)

@@ -439,7 +439,8 @@ def loads(
     try:
         return pickle.loads(data)
     finally:
-        _received.fds, _received.storages, _received.slots = (), {}, None
+        _received.fds, _received.storages = (), {}
+        _received.slots, _received.keep_leaves = None, False
         for fd in fds:
             os.close(fd)
 

@@ -262,9 +262,16 @@ impl SlotRing {
 /// slots handed back since the last task went to the process.
 #[derive(Debug, Default)]
 pub struct SlotMap {
-    segments: Mutex<HashMap<u32, Arc<Segment>>>,
-    layout: Mutex<(usize, usize)>,
+    mapped: Mutex<Mapped>,
     freed: Mutex<Vec<u32>>,
+}
+
+/// The segments mapped so far, and the ring's layout they announced.
+#[derive(Debug, Default)]
+struct Mapped {
+    slot_bytes: usize,
+    segment_slots: usize,
+    segments: HashMap<u32, Arc<Segment>>,
 }
 
 impl SlotMap {
@@ -282,28 +289,23 @@ impl SlotMap {
                 format!("a slot segment of {size} bytes in slots of {slot_bytes}"),
             ));
         }
-        let mapped = Arc::new(Segment::map(fd, size)?);
-        *self.layout.lock().expect("slot map") = (slot_bytes, size / slot_bytes);
-        self.segments
-            .lock()
-            .expect("slot map")
-            .insert(segment, mapped);
+        let segment_mapped = Arc::new(Segment::map(fd, size)?);
+        let mut mapped = self.mapped.lock().expect("slot map");
+        mapped.slot_bytes = slot_bytes;
+        mapped.segment_slots = size / slot_bytes;
+        mapped.segments.insert(segment, segment_mapped);
         Ok(())
     }
 
     /// Slot `slot`'s segment and its offset there, if `nbytes` fit in it.
     pub fn locate(&self, slot: u32, nbytes: usize) -> Option<(Arc<Segment>, usize)> {
-        let (slot_bytes, segment_slots) = *self.layout.lock().expect("slot map");
+        let mapped = self.mapped.lock().expect("slot map");
+        let (slot_bytes, segment_slots) = (mapped.slot_bytes, mapped.segment_slots);
         if segment_slots == 0 || nbytes > slot_bytes {
             return None;
         }
         let (segment, index) = (slot as usize / segment_slots, slot as usize % segment_slots);
-        let segment = self
-            .segments
-            .lock()
-            .expect("slot map")
-            .get(&(segment as u32))?
-            .clone();
+        let segment = mapped.segments.get(&(segment as u32))?.clone();
         Some((segment, index * slot_bytes))
     }
 
