@@ -6,6 +6,10 @@ from typing import Any, final
 import numpy
 
 __all__ = [
+    "ArenaBatch",
+    "ArenaLeases",
+    "ArenaPool",
+    "ArenaWriter",
     "DEFAULT_MAX_PIXELS",
     "DecodeError",
     "Engine",
@@ -17,6 +21,8 @@ __all__ = [
     "Wire",
     "WireError",
     "_HAS_VIDEO",
+    "_arena_batch",
+    "_arena_places",
     "_decode_image",
     "_decode_images_into",
     "_decode_video",
@@ -163,6 +169,67 @@ class SlotLeaf:
     def nbytes(self) -> int: ...
 
 def _uniform_leaves(batch: Any) -> bool: ...
+
+# --- Batch arenas (rust/bindings/arenas.rs) ---
+
+@final
+class ArenaLeases:
+    """The arenas a task holds lent until its answer is read."""
+
+@final
+class ArenaPool:
+    """The loader's batch arenas: samples written into their places in their batch."""
+
+    def __init__(self) -> None: ...
+    def offer_layout(self, places: int, leaf_bytes: list[int]) -> None: ...
+    def expect(self, first: int, offset: int, count: int) -> None: ...
+    def new_epoch(self) -> None: ...
+    def place(
+        self, worker: int, task: Any
+    ) -> tuple[
+        list[tuple[int, int, int] | None],
+        ArenaLeases,
+        list[tuple[int, int, int, int, list[int]]],
+        list[int],
+    ]: ...
+    def unannounce(self, worker: int, ids: list[int]) -> None: ...
+    def forget_worker(self, worker: int) -> None: ...
+    def leaf(
+        self,
+        arena: int,
+        generation: int,
+        place: int,
+        leaf: int,
+        nbytes: int,
+        dtype: Any,
+        shape: Any,
+        is_array: bool,
+    ) -> SlotLeaf: ...
+    def report(self, hit: bool) -> None: ...
+    @property
+    def active(self) -> bool: ...
+    @property
+    def free_arenas(self) -> int: ...
+    @property
+    def lent_arenas(self) -> int: ...
+
+@final
+class ArenaWriter:
+    """A worker process's mapped batch arenas."""
+
+    def __init__(self) -> None: ...
+    def map(self, arena: int, fd: int, size: int, places: int, leaf_bytes: list[int]) -> None: ...
+    def forget(self, arenas: list[int]) -> None: ...
+    def place(self, arena: int, generation: int, place: int, leaf: int, data: Any) -> bool: ...
+    @property
+    def mapped(self) -> int: ...
+
+@final
+class ArenaBatch:
+    """One leaf of a whole batch as it lies in its arena (a buffer)."""
+
+def _arena_batch(batch: Any) -> ArenaBatch | None: ...
+def _arena_places(batch: Any) -> list[tuple[int, int] | None]: ...
 
 # --- GIL takes counted (rust/bindings/gil_takes.rs) ---
 

@@ -176,8 +176,13 @@ class Images(tud.Dataset):
 
 def _count_slot_rebuilds(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts the tensors rebuilt from slots, and the segments mapped."""
-    counts = {"slot": 0, "segments": 0, "tensors": 0}
+    counts = {"slot": 0, "segments": 0, "tensors": 0, "arena": 0}
     rebuild, leaf, tensor = _ipc._rebuild_slot_tensor, _ipc._slot_leaf, _ipc.slot_tensor
+    arena_leaf = _ipc._rebuild_arena_leaf
+
+    def counting_arena_leaf(*args):
+        counts["arena"] += not args[-1]  # tensors, not arrays
+        return arena_leaf(*args)
 
     def counting_tensor(*args):
         counts["tensors"] += 1
@@ -194,6 +199,7 @@ def _count_slot_rebuilds(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     monkeypatch.setattr(_ipc, "_rebuild_slot_tensor", counting)
     monkeypatch.setattr(_ipc, "_slot_leaf", counting_leaf)
     monkeypatch.setattr(_ipc, "slot_tensor", counting_tensor)
+    monkeypatch.setattr(_ipc, "_rebuild_arena_leaf", counting_arena_leaf)
     return counts
 
 
@@ -245,9 +251,12 @@ def test_process_workers_deliver_torchs_batches_through_their_rings(
                 seen.append(index)
                 assert torch.all(image == index) and torch.all(array == index)
         assert sorted(seen) == list(range(160))
-        # Every sample came through a slot, and slots were reused: each
-        # worker's ring stayed within a few segments.
-        assert counts["slot"] == 160
+        # Every sample came through a slot, or (once the first samples told
+        # the loader their layout) its place in its batch's arena
+        # (tests/test_batch_arenas.py); slots were reused: each worker's
+        # ring stayed within a few segments.
+        assert counts["slot"] + counts["arena"] == 160
+        assert counts["arena"] > 0
         assert counts["segments"] <= 6
         # default_collate's batches were stacked from the slots: no tensor
         # was made of a sample on the way.

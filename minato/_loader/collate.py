@@ -9,8 +9,10 @@ numpy array of one shape and dtype goes through torch's own code, so results
 (types, dtypes, nesting, errors) are exactly ``default_collate``'s.
 
 From worker processes, a sample's large tensors and arrays arrive as
-``SlotLeaf``s, their bytes still in the process's ring (rust/wire/slots.rs):
-a batch of them is stacked straight from the slots, no tensor made per
+``SlotLeaf``s, their bytes still in the process's ring (rust/wire/slots.rs)
+or in their place in their batch's arena (rust/wire/arena.rs): a batch
+whose samples all kept their places is handed out as it lies there, and
+any other is stacked straight from where its leaves lie, no tensor made per
 sample; anything else they meet is made of them as the sample had it.
 """
 
@@ -126,6 +128,12 @@ def _slot_leaf_fn(pin: bool) -> Callable[..., Any]:
         # Arrays in a byte order torch lacks go through torch's code, and its error.
         native = not first.is_array or first.dtype.isnative
         if native and _minato._uniform_leaves(batch):
+            in_place = None if pin else _minato._arena_batch(batch)
+            if in_place is not None:
+                # Every sample kept its place in the batch's arena: the batch
+                # is handed out as it lies there.
+                out = torch.frombuffer(in_place, dtype=torch.uint8)
+                return out.view(_leaf_dtype(first)).view((len(batch), *first.shape))
             out = torch.empty((len(batch), *first.shape), dtype=_leaf_dtype(first), pin_memory=pin)
             _minato._stack_into(batch, _bytes_of(out))
             return out

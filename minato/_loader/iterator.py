@@ -23,7 +23,7 @@ from minato._loader.device import DeviceStage, Failure, HostBatch
 from minato._loader.resume import EpochStream, IterableStream, capture_epoch_rng
 from minato._loader.stats import StatsRecorder
 from minato._loader.workers import worker_factory
-from minato._minato import Engine, SampleEngine
+from minato._minato import ArenaPool, Engine, SampleEngine
 from minato._process.method import WorkerMethod
 from minato._process.workers import ProcessWorkers, fork_server_ready, stop_all, warm_up
 from minato._task.failures import (
@@ -449,6 +449,8 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         elif not first_iter:
             # A persistent iterator's next epoch: drop what is left of the last one.
             self._engine.new_epoch()
+            if self._processes is not None and self._processes.arenas is not None:
+                self._processes.arenas.new_epoch()  # its positions start again
         self._sampler_done = False
         self._submit_ready()
 
@@ -679,6 +681,11 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             self._collate_fn = fast_default_collate(pin=self._pin_memory)
         if self._processes is not None:
             self._processes.keep_leaves = getattr(self._collate_fn, "takes_slot_leaves", False)
+            if self._processes.keep_leaves and not self._pin_memory:
+                # Samples may be written into their places in their batch:
+                # a batch whose samples kept them is handed out as it lies.
+                self._processes.arenas = ArenaPool()
+                self._processes.arena_places = batch_size
         return SampleEngine(
             worker_factory(spec, samples=True, processes=self._processes),
             sample_collator(
@@ -733,6 +740,9 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         epoch = self._epoch
         assert isinstance(epoch, EpochStream)
         from_queue, fresh = epoch.next_samples()
+        arenas = self._processes.arenas if self._processes is not None else None
+        if arenas is not None and fresh:
+            arenas.expect(epoch.ledger.next_position, from_queue, len(fresh))
         return bool(engine.submit(epoch.ledger, fresh, epoch.seed, from_queue))
 
     def _engine_skipped(self) -> list[tuple[int | None, SampleFailure]]:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.utils.data._utils import worker as _torch_worker
 
-from minato._minato import SlotRing, Wire
+from minato._minato import ArenaWriter, SlotRing, Wire
 from minato._process import ipc as _ipc
 from minato._task.runner import EXHAUSTED, WORKER_NOUN, WorkerSpec, make_runner
 from minato._task.seed import SampleRun, seed_process
@@ -112,13 +112,34 @@ def main(sock: socket.socket) -> None:
         eager_seed=seed_process,
     )
     ring = SlotRing()
+    writer = _ipc.arena_writer = ArenaWriter()
     while True:
         try:
-            epoch, task, skip, freed = _ipc.recv(wire)
+            epoch, task, skip, freed, placing = _ipc.recv(wire)
         except EOFError:
             return
         ring.give_back(freed)
         if skip is not None:
             stream_skip.count = skip
         output: Any = run(epoch, task)
-        _ipc.send(wire, None if output is EXHAUSTED else (output,), ring)
+        if output is EXHAUSTED:
+            _ipc.send(wire, None)
+        elif placing is None:
+            _ipc.send(wire, (output,), ring)
+        else:
+            _ipc.send(wire, _placed(output, task, placing, writer), ring, writer)
+
+
+def _placed(output: list[Any], task: list[Any], placing: Any, writer: ArenaWriter) -> Any:
+    """A run of samples' results, each with the place the loader lent it in
+    its batch's arena (written there as it is pickled), and the sizes of
+    the first sample's large leaves."""
+    places, _announced, forget = placing  # the announced arenas are mapped
+    if forget:
+        writer.forget(forget)
+    where = {item[0]: place for item, place in zip(task, places, strict=True) if place is not None}
+    results = [
+        _ipc.Placed(item, where.get(item[0])) if type(item) is tuple and len(item) == 2 else item
+        for item in output
+    ]
+    return results, _ipc.LeafSizes()

@@ -8,7 +8,10 @@ file descriptors beside the pickle (``SCM_RIGHTS``). The receiver maps the
 same pages, so a sample's payload is written once by the worker and copied
 at most once more, into its batch; nothing large goes through the socket.
 A worker process's results go into its ring of sample slots where they fit
-(rust/wire/slots.rs): memory both sides mapped once, not a segment each.
+(rust/wire/slots.rs): memory both sides mapped once, not a segment each;
+or, where the loader lent the sample's batch an arena, straight into the
+sample's place in its batch (rust/wire/arena.rs): a batch whose samples all
+kept their places is handed out as it lies, with no copy in the loader.
 
 This uses torch's own shared-memory storages (what ``torch.multiprocessing``
 sends between processes), through the private methods torch's reductions
@@ -32,7 +35,7 @@ import numpy as np
 import torch
 import torch.multiprocessing
 
-from minato._minato import SlotLeaf, SlotMap, SlotRing, Wire
+from minato._minato import ArenaPool, ArenaWriter, SlotLeaf, SlotMap, SlotRing, Wire
 
 # Below this, pickling the bytes costs less than a shared-memory mapping.
 SHARE_MIN_BYTES = 64 * 1024
@@ -66,11 +69,44 @@ class Payload:
         self.keep = keep
 
 
+class Placed:
+    """A worker's result for one sample, and the place in its batch's arena
+    the loader lent it (arena, generation, place), or None."""
+
+    __slots__ = ("item", "place")
+
+    def __init__(self, item: Any, place: tuple[int, int, int] | None) -> None:
+        self.item = item
+        self.place = place
+
+
+class LeafSizes:
+    """Pickled after a worker's results: the sizes of the first sample's
+    large leaves, in order (the loader lays its arenas out by them)."""
+
+
+class ArenaAnnounce:
+    """A batch arena a worker process has not mapped yet, sent with a task:
+    its descriptor goes beside the message."""
+
+    __slots__ = ("arena", "fd", "size", "places", "leaf_bytes")
+
+    def __init__(self, arena: int, fd: int, size: int, places: int, leaf_bytes: list[int]) -> None:
+        self.arena, self.fd, self.size = arena, fd, size
+        self.places, self.leaf_bytes = places, leaf_bytes
+
+
+# A worker process's mapped arenas (set by minato._process.child).
+arena_writer: ArenaWriter | None = None
+
+
 class _SharingPickler(cloudpickle.Pickler):
     """cloudpickle (what ``__main__`` defines goes by value: a worker process
     never imports the training script), with large payloads shared."""
 
-    def __init__(self, file: io.BytesIO, ring: SlotRing | None = None) -> None:
+    def __init__(
+        self, file: io.BytesIO, ring: SlotRing | None = None, writer: ArenaWriter | None = None
+    ) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.share = _can_share()
         self.fds: list[int] = []
@@ -80,6 +116,47 @@ class _SharingPickler(cloudpickle.Pickler):
         # The ring's slots this message fills, and the segments it announces.
         self.ring_slots: list[int] = []
         self.announcing: list[int] = []
+        # The arenas the loader lent (a worker's results), the place of the
+        # sample being pickled, its large leaves so far, the first's sizes.
+        self.writer = writer if self.ring is not None else None
+        self.place: tuple[int, int, int] | None = None
+        self.leaf = 0
+        self.first_sizes: list[int] | None = None
+        self.recording = False
+
+    def _placed(self, placed: Placed) -> Any:
+        self.place, self.leaf = placed.place, 0
+        self.recording = self.first_sizes is None
+        if self.recording:
+            self.first_sizes = []
+        return _unplaced, (placed.item,)
+
+    def _in_arena(self, data: np.ndarray, dtype: Any, shape: tuple, is_array: bool) -> Any:
+        """`data` (contiguous bytes) written at the sample's place in its
+        batch's arena, as the reduction that makes its leaf; None where it
+        has no place there (or lost it to another sample)."""
+        if self.writer is None:
+            return None
+        leaf = self.leaf
+        self.leaf += 1
+        if self.recording:
+            assert self.first_sizes is not None
+            self.first_sizes.append(data.nbytes)
+        if self.place is None:
+            return None
+        arena, generation, place = self.place
+        if not self.writer.place(arena, generation, place, leaf, data):
+            return None
+        return _rebuild_arena_leaf, (
+            arena,
+            generation,
+            place,
+            leaf,
+            data.nbytes,
+            dtype,
+            shape,
+            is_array,
+        )
 
     def _in_ring(self, data: np.ndarray) -> tuple[_Segment | None, int] | None:
         """`data` (contiguous bytes) written into a free slot of the ring, as
@@ -111,6 +188,15 @@ class _SharingPickler(cloudpickle.Pickler):
             self.ring.give_back(self.ring_slots, self.announcing)
 
     def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is Placed:
+            return self._placed(obj)
+        if kind is LeafSizes:
+            return _unplaced, (self.first_sizes,)
+        if kind is ArenaAnnounce:
+            self.fds.append(obj.fd)  # the pool keeps it open until sent
+            args = (len(self.fds) - 1, obj.arena, obj.size, obj.places, obj.leaf_bytes)
+            return _map_arena, args
         # Exact types: subclasses (nn.Parameter, masked arrays) keep their own pickling.
         if type(obj) is torch.Tensor and _plain_tensor(obj):
             # A tensor already in shared memory stays shared, however small:
@@ -155,7 +241,12 @@ class _SharingPickler(cloudpickle.Pickler):
         # stays a view of what it shares, as in torch.
         copied_alone = storage.nbytes() > 2 * tensor.nbytes and self.ring is not None
         if not storage.is_shared() or copied_alone:
-            in_ring = self._in_ring(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+            data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
+            shape = tuple(tensor.shape)
+            in_arena = self._in_arena(data, tensor.dtype, shape, False)
+            if in_arena is not None:
+                return in_arena
+            in_ring = self._in_ring(data)
             if in_ring is not None:
                 segment, slot = in_ring
                 shape = tuple(tensor.shape)
@@ -172,7 +263,11 @@ class _SharingPickler(cloudpickle.Pickler):
         return _rebuild_tensor, (*args, tuple(tensor.stride()))
 
     def _array(self, data: np.ndarray) -> Any:
-        in_ring = self._in_ring(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        in_arena = self._in_arena(raw, data.dtype, data.shape, True)
+        if in_arena is not None:
+            return in_arena
+        in_ring = self._in_ring(raw)
         if in_ring is not None:
             segment, slot = in_ring
             return _rebuild_slot_array, (segment, slot, data.nbytes, data.dtype, data.shape)
@@ -329,11 +424,12 @@ def _fork_context_message(error: RuntimeError) -> str | None:
     )
 
 
-def dumps(obj: Any, ring: SlotRing | None = None) -> Payload:
+def dumps(obj: Any, ring: SlotRing | None = None, writer: ArenaWriter | None = None) -> Payload:
     """`obj` pickled, its large payloads shared; into `ring`'s slots where
-    they fit (a worker process's results)."""
+    they fit, or the places `writer`'s arenas lent them (a worker process's
+    results)."""
     buffer = io.BytesIO()
-    pickler = _SharingPickler(buffer, ring)
+    pickler = _SharingPickler(buffer, ring, writer)
     if _set_spawning_popen is not None:
         _set_spawning_popen(_StartingWorker(pickler))
     try:
@@ -392,6 +488,38 @@ def _slot_leaf(
     return slots.leaf(slot, nbytes, dtype, shape, is_array)
 
 
+def _unplaced(item: Any) -> Any:
+    return item
+
+
+def _map_arena(fd_slot: int, arena: int, size: int, places: int, leaf_bytes: list[int]) -> int:
+    """A worker process maps an arena the loader announced."""
+    if arena_writer is None:
+        raise pickle.UnpicklingError("a batch arena arrived where no worker process maps it")
+    arena_writer.map(arena, _received.fds[fd_slot], size, places, leaf_bytes)
+    return arena
+
+
+def _rebuild_arena_leaf(
+    arena: int,
+    generation: int,
+    place: int,
+    leaf: int,
+    nbytes: int,
+    dtype: Any,
+    shape: tuple,
+    is_array: bool,
+) -> Any:
+    """A sample's leaf the worker wrote at its place in its batch's arena."""
+    arenas = getattr(_received, "arenas", None)
+    if arenas is None:
+        raise pickle.UnpicklingError("a sample placed in a batch arena arrived where none is lent")
+    found = arenas.leaf(arena, generation, place, leaf, nbytes, dtype, shape, is_array)
+    if _received.keep_leaves:
+        return found
+    return slot_value(found)
+
+
 def _rebuild_slot_tensor(
     segment: _Segment | None, slot: int, nbytes: int, dtype: torch.dtype, shape: tuple
 ) -> torch.Tensor | SlotLeaf:
@@ -429,24 +557,30 @@ def loads(
     fds: list[int],
     slots: SlotMap | None = None,
     keep_leaves: bool = False,
+    arenas: ArenaPool | None = None,
 ) -> Any:
     """Unpickles a message; closes its descriptors (the storages mapped
     from them hold their own). `slots`: the sending process's ring, as
     mapped here; `keep_leaves`: its payloads stay `SlotLeaf`s, for a collate
-    that stacks them from their slots."""
+    that stacks them from their slots; `arenas`: the batch arenas lent to
+    its samples."""
     _received.fds, _received.storages = fds, {}
     _received.slots, _received.keep_leaves = slots, keep_leaves
+    _received.arenas = arenas
     try:
         return pickle.loads(data)
     finally:
         _received.fds, _received.storages = (), {}
         _received.slots, _received.keep_leaves = None, False
+        _received.arenas = None
         for fd in fds:
             os.close(fd)
 
 
-def send(wire: Wire, obj: Any, ring: SlotRing | None = None) -> None:
-    send_payload(wire, dumps(obj, ring))
+def send(
+    wire: Wire, obj: Any, ring: SlotRing | None = None, writer: ArenaWriter | None = None
+) -> None:
+    send_payload(wire, dumps(obj, ring, writer))
 
 
 def send_payload(wire: Wire, payload: Payload) -> None:

@@ -53,7 +53,7 @@ from typing import Any
 
 from torch._utils import ExceptionWrapper
 
-from minato._minato import SlotMap, Wire, WireError
+from minato._minato import ArenaPool, SlotMap, Wire, WireError
 from minato._process import ipc as _ipc
 from minato._process import zygote as _zygote
 from minato._process.method import WorkerMethod
@@ -199,6 +199,12 @@ class WorkerProcess:
         self.slots = SlotMap()
         # Whether its samples' payloads stay in their slots for the collate.
         self.keep_leaves = samples and workers.keep_leaves
+        # The batch arenas its samples may be written into (a new process
+        # has mapped none of them).
+        self.arenas = workers.arenas if self.keep_leaves else None
+        if self.arenas is not None:
+            self.arenas.forget_worker(worker_id)
+        self.arena_places = workers.arena_places
         # Collected with its worker thread's runner (the pool shrank): the
         # connection ends and the process leaves.
         weakref.finalize(self, self.wire.shutdown)
@@ -218,9 +224,28 @@ class WorkerProcess:
         the process's state to tell a computing sample from a blocked one):
         TimeoutError past `limit`, EOFError/OSError if the process died,
         WireError if it sent something that is not a message."""
-        payload = _ipc.dumps((*message, self.slots.take_freed()))
+        arenas = self.arenas
+        if arenas is None:
+            payload = _ipc.dumps((*message, self.slots.take_freed(), None))
+            data, fds = self.wire.call(self.pid, payload.data, payload.fds, limit)
+            return _ipc.loads(data, fds, self.slots, self.keep_leaves)
+        # Where each sample would go in its batch's arena; `_held` keeps
+        # those arenas lent until the answer is read.
+        places, _held, announce, forget = arenas.place(self.worker_id, message[1])
+        placing = (places, [_ipc.ArenaAnnounce(*arena) for arena in announce], forget)
+        try:
+            payload = _ipc.dumps((*message, self.slots.take_freed(), placing))
+        except BaseException:
+            arenas.unannounce(self.worker_id, [arena[0] for arena in announce])
+            raise
         data, fds = self.wire.call(self.pid, payload.data, payload.fds, limit)
-        return _ipc.loads(data, fds, self.slots, self.keep_leaves)
+        answer = _ipc.loads(data, fds, self.slots, True, arenas)
+        if answer is None:
+            return None
+        output, leaf_sizes = answer
+        if leaf_sizes:
+            arenas.offer_layout(self.arena_places, leaf_sizes)
+        return (output,)
 
     def stop(self, kill: bool = False) -> None:
         """Ends the connection (the process leaves at once, see
@@ -275,6 +300,10 @@ class ProcessWorkers:
         # Set when the loader's collate stacks samples' payloads from their
         # slots (minato._loader.collate): they arrive as SlotLeafs.
         self.keep_leaves = False
+        # Set, with the batch size, when samples may also be written into
+        # their places in their batches (rust/wire/arena.rs).
+        self.arenas: ArenaPool | None = None
+        self.arena_places = 0
         self.forced = method.processes and method.requested == "multiprocessing"
         # Whether a map-style loader may move between tasks (otherwise an
         # IterableDataset's worker moves at its epoch's start, a loader that

@@ -1,6 +1,7 @@
 //! Python bindings: argument extraction and GIL handling only; the work is
 //! done by `crate::engine` with the GIL released.
 
+mod arenas;
 mod collate;
 mod engine;
 mod errors;
@@ -51,6 +52,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     io_video::register(m)?;
     wire::register(m)?;
     slots::register(m)?;
+    arenas::register(m)?;
     gil_takes::register(m)?;
     sample_seed::register(m)?;
     sample_ledger::register(m)?;

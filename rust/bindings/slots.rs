@@ -13,7 +13,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 
 use super::detach;
-use crate::wire::{Segment, SlotMap, SlotRing};
+use crate::wire::{Lease, Segment, SlotMap, SlotRing};
 
 /// A worker process's ring (used by its one thread).
 #[pyclass(name = "SlotRing", module = "minato._minato")]
@@ -137,11 +137,13 @@ impl PySlotMap {
             )));
         };
         Ok(PySlotLeaf {
-            map: self.map.clone(),
-            segment,
+            owner: LeafOwner::Slot {
+                map: self.map.clone(),
+                segment,
+                slot,
+            },
             offset,
             nbytes,
-            slot,
             dtype,
             shape,
             is_array,
@@ -154,22 +156,37 @@ impl PySlotMap {
     }
 }
 
-/// A tensor's or array's bytes in a slot: a buffer (writable, one byte per
-/// item) with the leaf's dtype and shape beside it. The slot goes back to
-/// its process once this object, and so every view of it, is gone.
+/// Where a leaf's bytes lie, and what it keeps for them.
+pub(crate) enum LeafOwner {
+    /// In a worker process's slot, which goes back to it with the leaf.
+    Slot {
+        map: Arc<SlotMap>,
+        segment: Arc<Segment>,
+        slot: u32,
+    },
+    /// In its place in a batch arena (rust/wire/arena.rs), held by the lease.
+    Arena {
+        lease: Arc<Lease>,
+        place: u32,
+        leaf: u32,
+    },
+}
+
+/// A tensor's or array's bytes in a slot or a batch arena: a buffer
+/// (writable, one byte per item) with the leaf's dtype and shape beside it.
+/// A slot goes back to its process once this object, and so every view of
+/// it, is gone.
 #[pyclass(name = "SlotLeaf", module = "minato._minato", frozen)]
 pub(crate) struct PySlotLeaf {
-    map: Arc<SlotMap>,
-    segment: Arc<Segment>,
-    offset: usize,
-    nbytes: usize,
-    slot: u32,
+    pub(crate) owner: LeafOwner,
+    pub(crate) offset: usize,
+    pub(crate) nbytes: usize,
     #[pyo3(get)]
-    dtype: Py<PyAny>,
+    pub(crate) dtype: Py<PyAny>,
     #[pyo3(get)]
-    shape: Py<PyAny>,
+    pub(crate) shape: Py<PyAny>,
     #[pyo3(get)]
-    is_array: bool,
+    pub(crate) is_array: bool,
 }
 
 #[pymethods]
@@ -190,7 +207,7 @@ impl PySlotLeaf {
             return Err(PyBufferError::new_err("no view to fill"));
         }
         let leaf = slf.get();
-        let address = leaf.segment.at(leaf.offset) as *mut c_void;
+        let address = leaf.address() as *mut c_void;
         // SAFETY: `view` is Python's to fill; the bytes lie inside the
         // segment, which this leaf keeps mapped, and PyBuffer_FillInfo
         // takes a reference to the leaf for the view's life.
@@ -215,9 +232,21 @@ impl PySlotLeaf {
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
 }
 
+impl PySlotLeaf {
+    /// The address of its first byte.
+    pub(crate) fn address(&self) -> *mut u8 {
+        match &self.owner {
+            LeafOwner::Slot { segment, .. } => segment.at(self.offset),
+            LeafOwner::Arena { lease, .. } => lease.arena().segment().at(self.offset),
+        }
+    }
+}
+
 impl Drop for PySlotLeaf {
     fn drop(&mut self) {
-        self.map.free(self.slot);
+        if let LeafOwner::Slot { map, slot, .. } = &self.owner {
+            map.free(*slot);
+        }
     }
 }
 

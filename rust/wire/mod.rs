@@ -9,13 +9,18 @@
 //! that is not a frame, is a typed [`WireError`]: the caller fails the task
 //! and stops the process, and nothing is allocated from a length it has not
 //! received. Large payloads go beside the frames, in shared memory
-//! ([`SlotRing`] and [`SlotMap`]).
+//! ([`SlotRing`] and [`SlotMap`]), or in their place in a batch
+//! ([`ArenaPool`]).
 
+mod arena;
+mod arena_pool;
 mod error;
 mod frame;
 mod slots;
 mod socket;
 
+pub use arena::{Arena, ArenaLayout};
+pub use arena_pool::{ArenaPool, Destination, Lease, Placement, MAX_FREE_ARENAS, MAX_MISSES};
 pub use error::WireError;
 pub use frame::{read_frame, Frame, FrameHeader, Transport, HEADER_BYTES, MAX_FDS};
 pub use slots::{Segment, SlotMap, SlotRing, Taken};
