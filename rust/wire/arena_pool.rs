@@ -57,12 +57,12 @@ impl Lease {
     /// `ArenaPool::report`).
     pub fn report(&self, hit: bool) {
         if let Some(pool) = self.pool.upgrade() {
-            report(
-                &mut pool
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner),
-                hit,
-            );
+            let mut state = pool
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let records = report(&mut state, hit);
+            drop(state); // before the records: a lease's drop takes the lock
+            drop(records);
         }
     }
 }
@@ -180,7 +180,8 @@ impl ArenaPool {
     /// A new epoch: its positions start again, and no task of the last one
     /// is sent any more.
     pub fn new_epoch(&self) {
-        self.state().expected.clear();
+        // Dropped once the lock is let go: a lease's drop takes it.
+        let _records = std::mem::take(&mut self.state().expected);
     }
 
     /// The places of a task's samples (epoch positions), going to worker
@@ -287,7 +288,7 @@ impl ArenaPool {
     /// Whether a collated batch could be handed out as it lay in its arena;
     /// after `MAX_MISSES` misses in a row no arena is lent any more.
     pub fn report(&self, hit: bool) {
-        report(&mut self.state(), hit);
+        let _records = report(&mut self.state(), hit);
     }
 
     /// Arenas kept for reuse (for tests).
@@ -301,18 +302,21 @@ impl ArenaPool {
     }
 }
 
-fn report(state: &mut PoolState, hit: bool) {
+/// Counts a hit or a miss; past `MAX_MISSES` in a row, lending stops and
+/// the batches' records are returned, to be dropped once the lock is let go.
+fn report(state: &mut PoolState, hit: bool) -> BTreeMap<u64, Expected> {
     if hit {
         state.misses = 0;
-        return;
+        return BTreeMap::new();
     }
     state.misses += 1;
-    if state.misses >= MAX_MISSES {
-        state.disabled = true;
-        state.expected.clear();
-        let free = std::mem::take(&mut state.free);
-        state.dropped.extend(free.iter().map(|(id, _, _)| *id));
+    if state.misses < MAX_MISSES || state.disabled {
+        return BTreeMap::new();
     }
+    state.disabled = true;
+    let free = std::mem::take(&mut state.free);
+    state.dropped.extend(free.iter().map(|(id, _, _)| *id));
+    std::mem::take(&mut state.expected)
 }
 
 #[cfg(test)]
@@ -414,6 +418,24 @@ mod tests {
         assert!(!pool.active());
         pool.expect(0, 0, 1);
         assert_eq!(pool.place(0, &[0]).destinations, vec![None]);
+    }
+
+    #[test]
+    fn records_holding_the_last_lease_are_let_go_without_a_deadlock() {
+        let pool = pool();
+        pool.expect(0, 0, 2);
+        drop(pool.place(0, &[0])); // its record alone holds the arena now
+        pool.new_epoch();
+        assert_eq!(pool.lent_arenas(), 0);
+        pool.expect(0, 0, 2);
+        let placement = pool.place(0, &[0]);
+        let lease = placement.leases[0].clone();
+        drop(placement);
+        for _ in 0..MAX_MISSES {
+            lease.report(false); // the last stops the lending and drops the record
+        }
+        drop(lease);
+        assert_eq!(pool.lent_arenas(), 0);
     }
 
     #[test]

@@ -1,0 +1,271 @@
+"""Batch arenas (rust/wire/arena.rs, arena_pool.rs): worker processes write
+each sample's large leaves into its place in its batch's shared memory, and
+a batch whose samples all kept their places is handed out as it lies there.
+
+What must hold whatever the order of events: a batch or leaf the loader
+handed out keeps its values (no place is written twice in a generation, an
+arena is reused only once nothing refers to it), every sample arrives once,
+and batches are default_collate's.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import minato
+from minato import _minato
+from minato._minato import ArenaPool, ArenaWriter
+from minato._process import ipc as _ipc
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not _ipc._can_share(), reason="torch cannot share by descriptor here"),
+]
+
+IMAGE = (3, 64, 96)  # 72 KiB of float32: past SHARE_MIN_BYTES
+
+
+class Samples(tud.Dataset):
+    """Each sample's leaves hold its index: a tensor, an array, a label."""
+
+    def __init__(self, size: int = 192, slow: int | None = None) -> None:
+        self.size, self.slow = size, slow
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int):
+        if index == self.slow and tud.get_worker_info() is not None:
+            time.sleep(1.0)
+        image = torch.full(IMAGE, float(index))
+        depth = np.full((100, 96), index, dtype=np.float64)
+        return {"image": image, "depth": depth, "label": index}
+
+
+def _check(batches: list) -> list[int]:
+    """Every sample's leaves hold its index; the indices seen."""
+    seen = []
+    for batch in batches:
+        for image, depth, label in zip(batch["image"], batch["depth"], batch["label"], strict=True):
+            index = int(label)
+            seen.append(index)
+            assert torch.all(image == index) and torch.all(depth == index), index
+    return seen
+
+
+def _count_in_place(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    counts = {"in place": 0, "stacked": 0}
+    arena_batch = _minato._arena_batch
+
+    def counting(batch):
+        found = arena_batch(batch)
+        counts["in place" if found is not None else "stacked"] += 1
+        return found
+
+    monkeypatch.setattr(_minato, "_arena_batch", counting)
+    return counts
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_batches_handed_out_in_place_keep_their_values_across_epochs(
+    monkeypatch: pytest.MonkeyPatch, persistent: bool
+) -> None:
+    counts = _count_in_place(monkeypatch)
+    loader = minato.DataLoader(
+        Samples(),
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        worker_method="multiprocessing",
+        persistent_workers=persistent,
+        generator=torch.Generator().manual_seed(3),
+    )
+    held = []  # every batch of both epochs stays alive: no arena is reused under it
+    for _ in range(2):
+        epoch = list(loader)
+        assert sorted(_check(epoch)) == list(range(192))
+        held.extend(epoch)
+    # Batches of the first epoch still hold their samples after the second.
+    assert sorted(_check(held)) == sorted(list(range(192)) * 2)
+    # Once the first samples told the loader their layout, batches were
+    # handed out as they lay (both leaves: image and depth).
+    assert counts["in place"] >= 2 * (192 // 8 - 4)
+    images = held[-1]["image"]
+    assert images.is_contiguous() and images.shape == (8, *IMAGE)
+
+
+def test_the_same_batches_as_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    counts = _count_in_place(monkeypatch)
+
+    def epoch(cls, **options):
+        loader = cls(
+            Samples(96),
+            batch_size=8,
+            shuffle=True,
+            num_workers=2,
+            generator=torch.Generator().manual_seed(11),
+            **options,
+        )
+        return list(loader)
+
+    theirs = epoch(tud.DataLoader)
+    ours = epoch(minato.DataLoader, worker_method="multiprocessing")
+    assert counts["in place"] > 0
+    assert len(ours) == len(theirs)
+    for mine, torchs in zip(ours, theirs, strict=True):
+        assert torch.equal(mine["label"], torchs["label"])
+        assert torch.equal(mine["image"], torchs["image"])
+        assert torch.equal(mine["depth"], torchs["depth"])
+        assert mine["depth"].dtype == torchs["depth"].dtype == torch.float64
+
+
+class DeclaredShuffle(tud.Sampler):
+    """A sequential sampler that declares itself shuffling, as a custom one may."""
+
+    shuffle = True
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+def test_a_sample_that_leaves_its_batch_is_stacked_and_no_place_is_lost() -> None:
+    # Sample 0 (and the run it went in) runs late and joins later batches;
+    # the batches they left take other samples in their places, so those are
+    # stacked from where their leaves lie, and the late samples' leaves stay
+    # where they wrote them.
+    loader = minato.DataLoader(
+        Samples(slow=0),
+        batch_size=8,
+        sampler=DeclaredShuffle(192),
+        num_workers=2,
+        worker_method="multiprocessing",
+        sample_timeout=0.2,
+    )
+    batches = list(loader)
+    assert sorted(_check(batches)) == list(range(192))
+    assert loader.stats().moved_samples >= 1
+
+
+def test_batches_of_whichever_samples_finish_first_stop_the_lending() -> None:
+    loader = minato.DataLoader(
+        Samples(),
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        worker_method="multiprocessing",
+        in_order=False,
+    )
+    assert sorted(_check(list(loader))) == list(range(192))
+
+
+# --- The protocol, in one process: the loader's pool and a worker's writer ---
+
+NBYTES = 64 * 1024
+PLACES = 4
+
+
+class Loader:
+    """The loader's side and one worker process's, over one pool."""
+
+    def __init__(self) -> None:
+        self.pool, self.writer = ArenaPool(), ArenaWriter()
+        self.pool.offer_layout(PLACES, [NBYTES])
+        self.next_position = 0
+
+    def submit(self) -> list[int]:
+        first = self.next_position
+        self.pool.expect(first, 0, PLACES)
+        self.next_position += PLACES
+        return list(range(first, first + PLACES))
+
+    def load(self, position: int, value: float):
+        """The sample at `position`, as its worker writes and the loader reads it."""
+        places, held, announce, forget = self.pool.place(0, [(position, None, None)])
+        for arena, fd, size, places_, leaf_bytes in announce:
+            self.writer.map(arena, fd, size, places_, leaf_bytes)
+        self.writer.forget(forget)
+        data = np.full(NBYTES // 8, value, dtype=np.float64)
+        place = places[0]
+        if place is None or not self.writer.place(*place, 0, data.view(np.uint8)):
+            return ("copy", value, torch.from_numpy(data.copy()))
+        leaf = self.pool.leaf(*place, 0, NBYTES, torch.float64, (NBYTES // 8,), False)
+        del held
+        return ("leaf", value, leaf)
+
+
+def _values_held(held: list) -> None:
+    for kind, value, thing in held:
+        if kind == "batch":
+            assert torch.all(thing == torch.tensor(value).unsqueeze(1)), value
+        elif kind == "leaf":
+            assert np.all(np.frombuffer(thing, dtype=np.float64) == value), value
+        else:
+            assert torch.all(thing == value), value
+
+
+_operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit")),
+        st.tuples(st.just("load"), st.integers(0, 1_000)),
+        st.tuples(st.just("collate"), st.booleans()),
+        st.tuples(st.just("drop"), st.integers(0, 1_000)),
+    ),
+    max_size=50,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_operations)
+def test_whatever_the_order_what_is_held_keeps_its_values_and_arenas_come_back(
+    operations,
+) -> None:
+    loader = Loader()
+    pending: list[int] = []  # submitted, not loaded
+    arrived: list[tuple] = []  # loaded, not collated
+    held: list[tuple] = []  # what the user (or a sample) holds
+    value = 0.0
+    for operation in operations:
+        if operation[0] == "submit":
+            pending.extend(loader.submit())
+        elif operation[0] == "load" and pending:
+            position = pending.pop(operation[1] % len(pending))
+            value += 1.0
+            arrived.append(loader.load(position, value))
+        elif operation[0] == "collate" and len(arrived) >= PLACES:
+            # A batch of the first samples to arrive, in their order or
+            # reversed (a sample moved): in place only if each kept its place.
+            batch, arrived = arrived[:PLACES], arrived[PLACES:]
+            if operation[1]:
+                batch.reverse()
+            leaves = [thing for kind, _, thing in batch if kind == "leaf"]
+            in_place = _minato._arena_batch(leaves) if len(leaves) == PLACES else None
+            values = [value for _, value, _ in batch]
+            if in_place is not None:
+                stacked = torch.frombuffer(in_place, dtype=torch.uint8).view(torch.float64)
+                held.append(("batch", values, stacked.view(PLACES, -1)))
+            else:
+                held.extend(batch)  # stacked by copying, or kept by the user
+        elif operation[0] == "drop" and held:
+            held.pop(operation[1] % len(held))
+        _values_held(held)
+        _values_held(arrived)
+    held.clear()
+    arrived.clear()
+    loader.pool.new_epoch()  # samples never loaded give their batches' arenas back
+    gc.collect()
+    # Nothing refers to an arena any more: every one came back.
+    assert loader.pool.lent_arenas == 0
