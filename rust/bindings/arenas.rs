@@ -75,7 +75,9 @@ impl PyArenaPool {
             .try_iter()?
             .map(|item| item?.get_item(0)?.extract::<u64>())
             .collect::<PyResult<Vec<u64>>>()?;
-        let placement = detach(py, || self.pool.place(worker, &positions));
+        // Not detached: the pool's lock is only ever taken with the GIL held
+        // (a lease's drop runs in Python's), and held for no wait.
+        let placement = self.pool.place(worker, &positions);
         let destinations = placement
             .destinations
             .iter()
