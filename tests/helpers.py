@@ -201,3 +201,18 @@ def assert_prefetch_bounded(n: int, batch_size: int, **loader_kwargs: Any) -> No
             time.sleep(0.002)
             assert dataset.fetched - consumed <= bound
     assert consumed == n
+
+
+class DeclaredShuffle(tud.Sampler):
+    """A sequential sampler that declares itself shuffling, as a custom one may."""
+
+    shuffle = True
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(range(self.n))

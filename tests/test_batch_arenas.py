@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
+from helpers import DeclaredShuffle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -127,21 +128,6 @@ def test_the_same_batches_as_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
         assert mine["depth"].dtype == torchs["depth"].dtype == torch.float64
 
 
-class DeclaredShuffle(tud.Sampler):
-    """A sequential sampler that declares itself shuffling, as a custom one may."""
-
-    shuffle = True
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        return iter(range(self.n))
-
-
 def test_a_sample_that_leaves_its_batch_is_stacked_and_no_place_is_lost() -> None:
     # Sample 0 (and the run it went in) runs late and joins later batches;
     # the batches they left take other samples in their places, so those are
@@ -217,6 +203,19 @@ def _values_held(held: list) -> None:
             assert torch.all(thing == value), value
 
 
+def _collate(batch: list[tuple], reverse: bool) -> list[tuple]:
+    """What the user holds of a batch: the batch as it lay in its arena, or
+    (stacked by copying, or kept by the collate_fn) its samples."""
+    if reverse:
+        batch = batch[::-1]
+    leaves = [thing for kind, _, thing in batch if kind == "leaf"]
+    in_place = _minato._arena_batch(leaves) if len(leaves) == PLACES else None
+    if in_place is None:
+        return batch
+    stacked = torch.frombuffer(in_place, dtype=torch.uint8).view(torch.float64)
+    return [("batch", [value for _, value, _ in batch], stacked.view(PLACES, -1))]
+
+
 _operations = st.lists(
     st.one_of(
         st.tuples(st.just("submit")),
@@ -248,17 +247,8 @@ def test_whatever_the_order_what_is_held_keeps_its_values_and_arenas_come_back(
         elif operation[0] == "collate" and len(arrived) >= PLACES:
             # A batch of the first samples to arrive, in their order or
             # reversed (a sample moved): in place only if each kept its place.
-            batch, arrived = arrived[:PLACES], arrived[PLACES:]
-            if operation[1]:
-                batch.reverse()
-            leaves = [thing for kind, _, thing in batch if kind == "leaf"]
-            in_place = _minato._arena_batch(leaves) if len(leaves) == PLACES else None
-            values = [value for _, value, _ in batch]
-            if in_place is not None:
-                stacked = torch.frombuffer(in_place, dtype=torch.uint8).view(torch.float64)
-                held.append(("batch", values, stacked.view(PLACES, -1)))
-            else:
-                held.extend(batch)  # stacked by copying, or kept by the user
+            held.extend(_collate(arrived[:PLACES], reverse=operation[1]))
+            arrived = arrived[PLACES:]
         elif operation[0] == "drop" and held:
             held.pop(operation[1] % len(held))
         _values_held(held)

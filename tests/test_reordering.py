@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.utils.data as tud
 from helpers import (
+    DeclaredShuffle,
     RangeDataset,
     ShardedIterable,
     assert_prefetch_bounded,
@@ -46,21 +47,6 @@ class Blocking(RangeDataset):
         elif self.fast_s:
             time.sleep(self.fast_s)
         return i
-
-
-class DeclaredShuffle(tud.Sampler):
-    """A sequential sampler that declares itself shuffling, as a custom one may."""
-
-    shuffle = True
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        return iter(range(self.n))
 
 
 def sizes_and_indices(batches):

@@ -3,17 +3,17 @@
 //! a batch handed out as it lies in its arena (`_arena_batch`).
 
 use std::collections::HashMap;
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
 use super::detach;
-use super::slots::{LeafOwner, PySlotLeaf};
+use super::slots::{fill_view, LeafOwner, PySlotLeaf};
 use crate::wire::{Arena, ArenaLayout, ArenaPool, Lease};
 
 /// An arena to announce to a worker process: its number, descriptor, size,
@@ -70,7 +70,7 @@ impl PyArenaPool {
     /// worker `worker`: a (arena, generation, place) or
     /// None per sample, the leases to hold until its answer is read, the
     /// arenas to announce with it and those the worker should forget.
-    fn place(&self, py: Python<'_>, worker: usize, task: &Bound<'_, PyAny>) -> PyResult<Placed> {
+    fn place(&self, worker: usize, task: &Bound<'_, PyAny>) -> PyResult<Placed> {
         let positions = task
             .try_iter()?
             .map(|item| item?.get_item(0)?.extract::<u64>())
@@ -279,28 +279,11 @@ impl PyArenaBatch {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("no view to fill"));
-        }
         let batch = slf.get();
-        let address = batch.lease.arena().segment().at(batch.offset) as *mut c_void;
+        let address = batch.lease.arena().segment().at(batch.offset);
         // SAFETY: `view` is Python's to fill; the bytes lie inside the arena,
-        // which this object's lease keeps mapped, and PyBuffer_FillInfo takes
-        // a reference to this object for the view's life.
-        let filled = unsafe {
-            ffi::PyBuffer_FillInfo(
-                view,
-                slf.as_ptr(),
-                address,
-                batch.nbytes as ffi::Py_ssize_t,
-                0,
-                flags,
-            )
-        };
-        if filled != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
+        // which this object's lease keeps mapped.
+        unsafe { fill_view(slf.as_any(), view, address, batch.nbytes, flags) }
     }
 
     /// # Safety

@@ -203,28 +203,10 @@ impl PySlotLeaf {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("no view to fill"));
-        }
-        let leaf = slf.get();
-        let address = leaf.address() as *mut c_void;
-        // SAFETY: `view` is Python's to fill; the bytes lie inside the
-        // segment, which this leaf keeps mapped, and PyBuffer_FillInfo
-        // takes a reference to the leaf for the view's life.
-        let filled = unsafe {
-            ffi::PyBuffer_FillInfo(
-                view,
-                slf.as_ptr(),
-                address,
-                leaf.nbytes as ffi::Py_ssize_t,
-                0,
-                flags,
-            )
-        };
-        if filled != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
+        let (address, nbytes) = (slf.get().address(), slf.get().nbytes);
+        // SAFETY: `view` is Python's to fill; the bytes lie inside the slot's
+        // segment or the arena, which this leaf keeps mapped.
+        unsafe { fill_view(slf.as_any(), view, address, nbytes, flags) }
     }
 
     /// # Safety
@@ -248,6 +230,40 @@ impl Drop for PySlotLeaf {
             map.free(*slot);
         }
     }
+}
+
+/// Fills `view` with the `len` writable bytes at `address`, exported by
+/// `owner`, which the view keeps referenced for its life.
+///
+/// # Safety
+/// `view` is Python's to fill (or null), and the bytes stay valid and in
+/// place while `owner` lives.
+pub(crate) unsafe fn fill_view(
+    owner: &Bound<'_, PyAny>,
+    view: *mut ffi::Py_buffer,
+    address: *mut u8,
+    len: usize,
+    flags: c_int,
+) -> PyResult<()> {
+    if view.is_null() {
+        return Err(PyBufferError::new_err("no view to fill"));
+    }
+    // SAFETY: as this function requires; PyBuffer_FillInfo takes a
+    // reference to `owner` for the view's life.
+    let filled = unsafe {
+        ffi::PyBuffer_FillInfo(
+            view,
+            owner.as_ptr(),
+            address as *mut c_void,
+            len as ffi::Py_ssize_t,
+            0,
+            flags,
+        )
+    };
+    if filled != 0 {
+        return Err(PyErr::fetch(owner.py()));
+    }
+    Ok(())
 }
 
 /// Whether every item of `batch` is a `SlotLeaf` of one dtype, shape and
