@@ -176,9 +176,13 @@ class Images(tud.Dataset):
 
 def _count_slot_rebuilds(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts the tensors rebuilt from slots, and the segments mapped."""
-    counts = {"slot": 0, "segments": 0, "tensors": 0, "arena": 0}
+    counts = {"slot": 0, "segments": 0, "tensors": 0, "arena": 0, "threads": set()}
     rebuild, leaf, tensor = _ipc._rebuild_slot_tensor, _ipc._slot_leaf, _ipc.slot_tensor
-    arena_leaf = _ipc._rebuild_arena_leaf
+    arena_leaf, deferred = _ipc._rebuild_arena_leaf, _ipc._deferred_sample
+
+    def counting_deferred(tag, data, first, count, hoisted):
+        counts["segments"] += len(hoisted)
+        return deferred(tag, data, first, count, hoisted)
 
     def counting_arena_leaf(*args):
         counts["arena"] += not args[-1]  # tensors, not arrays
@@ -186,6 +190,7 @@ def _count_slot_rebuilds(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
     def counting_tensor(*args):
         counts["tensors"] += 1
+        counts["threads"].add(threading.get_ident())
         return tensor(*args)
 
     def counting(*args):
@@ -200,6 +205,7 @@ def _count_slot_rebuilds(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     monkeypatch.setattr(_ipc, "_slot_leaf", counting_leaf)
     monkeypatch.setattr(_ipc, "slot_tensor", counting_tensor)
     monkeypatch.setattr(_ipc, "_rebuild_arena_leaf", counting_arena_leaf)
+    monkeypatch.setattr(_ipc, "_deferred_sample", counting_deferred)
     return counts
 
 
@@ -210,7 +216,13 @@ def test_process_workers_deliver_torchs_batches_through_their_rings(
     counts = _count_slot_rebuilds(monkeypatch)
     # A collate_fn that keeps its samples holds every slot it got: none is
     # overwritten, the ring grows instead.
-    collate = {"collate_fn": lambda samples: samples} if keep_samples else {}
+    collate_threads = set()
+
+    def keep(samples):
+        collate_threads.add(threading.get_ident())
+        return samples
+
+    collate = {"collate_fn": keep} if keep_samples else {}
 
     def epoch(cls, **kwargs):
         generator = torch.Generator().manual_seed(7)
@@ -239,8 +251,11 @@ def test_process_workers_deliver_torchs_batches_through_their_rings(
                 index = int(image[0, 0, 0])
                 assert torch.all(image == index) and np.all(array == index)
         assert counts["slot"] == 160
-        # The user's collate gets each sample's tensor as it was made.
+        # The user's collate gets each sample's tensor as it was made,
+        # rebuilt on the loader's collate thread (where the collate_fn runs),
+        # not on the worker threads that received them.
         assert counts["tensors"] == 160
+        assert counts["threads"] == collate_threads and len(collate_threads) == 1
         # 320 payloads held: at least five segments of 32 slots per worker.
         assert counts["segments"] >= 10
     else:
@@ -362,3 +377,39 @@ def test_a_batch_stacked_from_slots_is_default_collates() -> None:
     gc.collect()
     ring.give_back(slots.take_freed())
     assert ring.free == ring.segments * ring.segment_slots
+
+
+class Huge(tud.Dataset):
+    """Samples too large for any ring (fresh shared memory each), and
+    small ones beside them."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index: int):
+        return torch.full((5, 1024, 1024), float(index)), torch.full((8,), index)
+
+
+def test_samples_left_pickled_for_a_collate_fn_keep_their_shared_memory() -> None:
+    # A user's collate_fn gets its samples rebuilt on the collate thread;
+    # payloads that went into fresh shared memory (not a ring's slot) keep
+    # their descriptors open until then.
+    def keep(samples):
+        return samples
+
+    loader = minato.DataLoader(
+        Huge(),
+        batch_size=4,
+        shuffle=True,
+        num_workers=2,
+        worker_method="multiprocessing",
+        collate_fn=keep,
+    )
+    seen = []
+    for _ in range(2):
+        for batch in loader:
+            for big, small in batch:
+                index = int(small[0])
+                assert torch.all(big == index) and torch.all(small == index)
+                seen.append(index)
+    assert sorted(seen) == sorted(list(range(12)) * 2)

@@ -25,6 +25,7 @@ from torch.utils.data._utils.collate import default_collate
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from minato._loader.device import Failure
+from minato._process.ipc import open_samples
 from minato._task.error import WorkerError
 from minato._thread.generators import ThreadGenerator, bind_thread_rng
 from minato._thread.torch_threads import limit_thread_intra_op
@@ -75,6 +76,7 @@ def sample_collator(
     device: str | None,
     base_seed: int = 0,
     own_thread: bool = True,
+    opens_samples: bool = False,
 ) -> Callable[
     [list[int], list[Any], ExceptionWrapper | None],
     tuple[list[int], int, Any, BaseException | None],
@@ -88,7 +90,11 @@ def sample_collator(
     a worker process is set up (one intra-op thread, generators of its own).
     Otherwise it runs on the consumer's thread, a cheap batch of a collate
     that draws no random numbers: that thread, the training loop's, keeps its
-    intra-op threads and generators."""
+    intra-op threads and generators.
+
+    `opens_samples`: samples from worker processes may arrive still pickled
+    (a user's collate_fn's: minato._process.ipc.DeferredSample), and are
+    made here, not on the worker threads that received them."""
     local = threading.local()
 
     def generator() -> ThreadGenerator:
@@ -118,6 +124,8 @@ def sample_collator(
         if error is not None:
             return tags, 0, Failure(error), None
         try:
+            if opens_samples:
+                samples = open_samples(samples)
             if no_random or not own_thread:
                 batch = collate_fn(samples)
             else:

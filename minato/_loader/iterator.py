@@ -693,6 +693,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
                 pin=self._pin_memory,
                 device=self._pin_memory_device or None,
                 base_seed=int(self._base_seed),
+                opens_samples=self._processes is not None and not self._processes.keep_leaves,
             ),
             # A cheap batch of torch's default_collate may be collated here:
             # the collate thread's GIL hand-over would cost this thread more.

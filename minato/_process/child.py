@@ -26,6 +26,7 @@ import threading
 from typing import Any
 
 import torch
+from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import worker as _torch_worker
 
 from minato._minato import ArenaWriter, SlotRing, Wire
@@ -115,7 +116,7 @@ def main(sock: socket.socket) -> None:
     writer = _ipc.arena_writer = ArenaWriter()
     while True:
         try:
-            epoch, task, skip, freed, placing = _ipc.recv(wire)
+            epoch, task, skip, freed, placing, defer = _ipc.recv(wire)
         except EOFError:
             return
         ring.give_back(freed)
@@ -125,9 +126,20 @@ def main(sock: socket.socket) -> None:
         if output is EXHAUSTED:
             _ipc.send(wire, None)
         elif placing is None:
-            _ipc.send(wire, (output,), ring)
+            _ipc.send(wire, (_deferred(output) if defer else output,), ring)
         else:
             _ipc.send(wire, _placed(output, task, placing, writer), ring, writer)
+
+
+def _deferred(output: list[Any]) -> list[Any]:
+    """A run of samples' results, each sample left pickled for the loader's
+    collate thread (errors and skipped samples as they are)."""
+    return [
+        _ipc.Deferred(item)
+        if type(item) is tuple and len(item) == 2 and not isinstance(item[1], ExceptionWrapper)
+        else item
+        for item in output
+    ]
 
 
 def _placed(output: list[Any], task: list[Any], placing: Any, writer: ArenaWriter) -> Any:

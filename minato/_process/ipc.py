@@ -96,6 +96,42 @@ class ArenaAnnounce:
         self.places, self.leaf_bytes = places, leaf_bytes
 
 
+class Deferred:
+    """A worker's (tag, sample) result whose sample the loader unpickles on
+    its collate thread (`DeferredSample`), not on the worker thread that
+    receives it: a user's collate_fn gets its samples rebuilt there."""
+
+    __slots__ = ("item",)
+
+    def __init__(self, item: tuple[int, Any]) -> None:
+        self.item = item
+
+
+class DeferredSample:
+    """A sample still pickled, with the descriptors its payloads need;
+    `open()` makes it (once)."""
+
+    __slots__ = ("data", "fds", "slots", "arenas")
+
+    def __init__(
+        self, data: bytes, fds: list[int], slots: SlotMap | None, arenas: ArenaPool | None
+    ) -> None:
+        self.data, self.fds, self.slots, self.arenas = data, fds, slots, arenas
+
+    def open(self) -> Any:
+        fds, self.fds = self.fds, []
+        return loads(self.data, fds, self.slots, False, self.arenas)
+
+    def __del__(self) -> None:
+        for fd in self.fds:  # never opened
+            os.close(fd)
+
+
+def open_samples(samples: list[Any]) -> list[Any]:
+    """`samples` with every deferred one made (on the collate thread)."""
+    return [sample.open() if type(sample) is DeferredSample else sample for sample in samples]
+
+
 # A worker process's mapped arenas (set by minato._process.child).
 arena_writer: ArenaWriter | None = None
 
@@ -123,6 +159,22 @@ class _SharingPickler(cloudpickle.Pickler):
         self.leaf = 0
         self.first_sizes: list[int] | None = None
         self.recording = False
+        # A deferred sample's own pickler: the message it goes in, and the
+        # ring segments it announces there (mapped as the message arrives).
+        self.outer: _SharingPickler | None = None
+        self.hoisted: list[_Segment] = []
+
+    def _deferred(self, deferred: Deferred) -> Any:
+        tag, sample = deferred.item
+        buffer = io.BytesIO()
+        inner = _SharingPickler(buffer, self.ring, self.writer)
+        inner.outer = self
+        inner.ring_slots, inner.announcing = self.ring_slots, self.announcing
+        inner.dump(sample)
+        first = len(self.fds)
+        self.fds.extend(inner.fds)
+        self.keep.extend(inner.keep)
+        return _deferred_sample, (tag, buffer.getvalue(), first, len(inner.fds), inner.hoisted)
 
     def _placed(self, placed: Placed) -> Any:
         self.place, self.leaf = placed.place, 0
@@ -163,7 +215,8 @@ class _SharingPickler(cloudpickle.Pickler):
         (its segment's descriptor where the loader lacks it, the slot), or
         None where it does not fit."""
         ring = self.ring
-        if ring is None or len(self.fds) >= MAX_FDS:
+        outer = self.outer
+        if ring is None or len(self.fds) + (len(outer.fds) if outer else 0) >= MAX_FDS:
             return None
         taken = ring.take(data.nbytes)
         if taken is None:
@@ -175,9 +228,15 @@ class _SharingPickler(cloudpickle.Pickler):
             # The segment's first use: its descriptor goes along (the ring
             # keeps it open).
             fd, size, slot_bytes, segment = announce
-            self.fds.append(fd)
-            found = (len(self.fds) - 1, size, slot_bytes, segment)
             self.announcing.append(segment)
+            if outer is not None:
+                # In a deferred sample: the message maps it as it arrives,
+                # before any later sample of the ring's is opened.
+                outer.fds.append(fd)
+                self.hoisted.append((len(outer.fds) - 1, size, slot_bytes, segment))
+            else:
+                self.fds.append(fd)
+                found = (len(self.fds) - 1, size, slot_bytes, segment)
         ring.write(slot, data)
         return found, slot
 
@@ -191,6 +250,8 @@ class _SharingPickler(cloudpickle.Pickler):
         kind = type(obj)
         if kind is Placed:
             return self._placed(obj)
+        if kind is Deferred:
+            return self._deferred(obj)
         if kind is LeafSizes:
             return _unplaced, (self.first_sizes,)
         if kind is ArenaAnnounce:
@@ -490,6 +551,20 @@ def _slot_leaf(
 
 def _unplaced(item: Any) -> Any:
     return item
+
+
+def _deferred_sample(
+    tag: int, data: bytes, first: int, count: int, hoisted: list[_Segment]
+) -> tuple[int, DeferredSample]:
+    """A sample left pickled for the collate thread: the ring segments it
+    announces are mapped now, its other descriptors kept open for it."""
+    slots = getattr(_received, "slots", None)
+    if hoisted and slots is None:
+        raise pickle.UnpicklingError("a sample slot arrived where no ring is expected")
+    for fd_slot, size, slot_bytes, number in hoisted:
+        slots.map(number, _received.fds[fd_slot], size, slot_bytes)
+    fds = [os.dup(fd) for fd in _received.fds[first : first + count]]
+    return tag, DeferredSample(data, fds, slots, getattr(_received, "arenas", None))
 
 
 def _map_arena(fd_slot: int, arena: int, size: int, places: int, leaf_bytes: list[int]) -> int:

@@ -205,6 +205,8 @@ class WorkerProcess:
         if self.arenas is not None:
             self.arenas.forget_worker(worker_id)
         self.arena_places = workers.arena_places
+        # Samples for a user's collate_fn are rebuilt on the collate thread.
+        self.defer = samples and not self.keep_leaves
         # Collected with its worker thread's runner (the pool shrank): the
         # connection ends and the process leaves.
         weakref.finalize(self, self.wire.shutdown)
@@ -226,7 +228,7 @@ class WorkerProcess:
         WireError if it sent something that is not a message."""
         arenas = self.arenas
         if arenas is None:
-            payload = _ipc.dumps((*message, self.slots.take_freed(), None))
+            payload = _ipc.dumps((*message, self.slots.take_freed(), None, self.defer))
             data, fds = self.wire.call(self.pid, payload.data, payload.fds, limit)
             return _ipc.loads(data, fds, self.slots, self.keep_leaves)
         # Where each sample would go in its batch's arena; `_held` keeps
@@ -234,7 +236,7 @@ class WorkerProcess:
         places, _held, announce, forget = arenas.place(self.worker_id, message[1])
         placing = (places, [_ipc.ArenaAnnounce(*arena) for arena in announce], forget)
         try:
-            payload = _ipc.dumps((*message, self.slots.take_freed(), placing))
+            payload = _ipc.dumps((*message, self.slots.take_freed(), placing, False))
         except BaseException:
             arenas.unannounce(self.worker_id, [arena[0] for arena in announce])
             raise
