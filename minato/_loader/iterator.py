@@ -698,7 +698,13 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             # A cheap batch of torch's default_collate may be collated here:
             # the collate thread's GIL hand-over would cost this thread more.
             collate_here=(
-                sample_collator(self._collate_fn, pin=False, device=None, own_thread=False)
+                sample_collator(
+                    self._collate_fn,
+                    pin=False,
+                    device=None,
+                    own_thread=False,
+                    opens_samples=self._processes is not None and not self._processes.keep_leaves,
+                )
                 if not self._pin_memory and draws_no_random(self._collate_fn)
                 else None
             ),

@@ -170,7 +170,12 @@ class _SharingPickler(cloudpickle.Pickler):
         inner = _SharingPickler(buffer, self.ring, self.writer)
         inner.outer = self
         inner.ring_slots, inner.announcing = self.ring_slots, self.announcing
+        slots_before = len(self.ring_slots)
         inner.dump(sample)
+        if not inner.fds and not inner.hoisted and len(self.ring_slots) == slots_before:
+            # No payload in shared memory: made as the message arrives, as
+            # cheaply as anywhere.
+            return _inline_sample, (tag, buffer.getvalue())
         first = len(self.fds)
         self.fds.extend(inner.fds)
         self.keep.extend(inner.keep)
@@ -551,6 +556,10 @@ def _slot_leaf(
 
 def _unplaced(item: Any) -> Any:
     return item
+
+
+def _inline_sample(tag: int, data: bytes) -> tuple[int, Any]:
+    return tag, pickle.loads(data)
 
 
 def _deferred_sample(
