@@ -11,6 +11,8 @@ and batches are default_collate's.
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import time
 
 import numpy as np
@@ -259,3 +261,47 @@ def test_whatever_the_order_what_is_held_keeps_its_values_and_arenas_come_back(
     gc.collect()
     # Nothing refers to an arena any more: every one came back.
     assert loader.pool.lent_arenas == 0
+
+
+class DiesOnce(tud.Dataset):
+    """Sample 150, loaded in a worker process, kills its process, once
+    (a file marks that it did), after the loader has learned the layout:
+    arenas are lent to its batch and to the runs in flight."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __len__(self) -> int:
+        return 192
+
+    def __getitem__(self, index: int):
+        if index == 150 and tud.get_worker_info() is not None and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.full(IMAGE, float(index)), index
+
+
+def test_a_worker_process_killed_mid_run_leaves_every_other_sample_whole(tmp_path) -> None:
+    loader = minato.DataLoader(
+        DiesOnce(str(tmp_path / "died")),
+        batch_size=8,
+        sampler=DeclaredShuffle(192),
+        num_workers=2,
+        worker_method="multiprocessing",
+        on_error="skip",
+    )
+    held = []
+    for _ in range(2):
+        seen = len(loader.stats().failures)
+        batches = list(loader)
+        held.extend(batches)
+        delivered = [int(index) for _, indices in batches for index in indices]
+        failed = [failure.index for failure in loader.stats().failures[seen:]]
+        assert sorted(delivered + failed) == list(range(192))
+        # The killed process's run is run again one sample at a time, on
+        # a new process: sample 150 no longer kills it.
+        assert set(failed) <= {150}
+    assert (tmp_path / "died").exists()
+    for images, indices in held:
+        for image, index in zip(images, indices, strict=True):
+            assert torch.all(image == int(index))
