@@ -14,8 +14,11 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::arena::{Arena, ArenaLayout};
 
-/// Arenas kept for reuse, at most; more are unmapped as they come back.
+/// Arenas kept for reuse, at most, and their bytes at most (large batches
+/// keep fewer): more are unmapped as they come back, so that a loader at
+/// rest does not keep its busiest moment's memory.
 pub const MAX_FREE_ARENAS: usize = 64;
+pub const MAX_FREE_BYTES: usize = 1 << 30;
 /// Batches in a row that could not be handed out as they lay before arenas
 /// stop being lent (samples that never keep their places: `in_order=False`,
 /// or leaves whose sizes vary).
@@ -81,6 +84,7 @@ impl Drop for Lease {
         state.live.remove(&self.id);
         let reusable = !state.disabled
             && state.free.len() < MAX_FREE_ARENAS
+            && (state.free.len() + 1) * arena.layout().size() <= MAX_FREE_BYTES
             && state.layout.as_ref() == Some(arena.layout())
             && arena.next_generation(self.generation);
         if reusable {
@@ -436,6 +440,27 @@ mod tests {
         }
         drop(lease);
         assert_eq!(pool.lent_arenas(), 0);
+    }
+
+    #[test]
+    fn large_arenas_are_kept_for_reuse_within_a_budget() {
+        let pool = ArenaPool::default();
+        // 2 places of 200 MiB: 400 MiB and a page an arena, two kept at most.
+        pool.offer_layout(2, vec![200 << 20]);
+        let placements: Vec<Placement> = (0..4u64)
+            .map(|batch| {
+                pool.expect(batch * 2, 0, 1);
+                pool.place(0, &[batch * 2])
+            })
+            .collect();
+        assert_eq!(pool.lent_arenas(), 4);
+        drop(placements);
+        pool.new_epoch();
+        assert_eq!(pool.lent_arenas(), 0);
+        assert_eq!(
+            pool.free_arenas(),
+            MAX_FREE_BYTES / pool.layout().unwrap().size()
+        );
     }
 
     #[test]

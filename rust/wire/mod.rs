@@ -20,7 +20,9 @@ mod slots;
 mod socket;
 
 pub use arena::{Arena, ArenaLayout};
-pub use arena_pool::{ArenaPool, Destination, Lease, Placement, MAX_FREE_ARENAS, MAX_MISSES};
+pub use arena_pool::{
+    ArenaPool, Destination, Lease, Placement, MAX_FREE_ARENAS, MAX_FREE_BYTES, MAX_MISSES,
+};
 pub use error::WireError;
 pub use frame::{read_frame, Frame, FrameHeader, Transport, HEADER_BYTES, MAX_FDS};
 pub use slots::{Segment, SlotMap, SlotRing, Taken};
