@@ -170,8 +170,8 @@ class Loader:
     """The loader's side and one worker process's, over one pool."""
 
     def __init__(self) -> None:
-        self.pool, self.writer = ArenaPool(), ArenaWriter()
-        self.pool.offer_layout(PLACES, [NBYTES])
+        self.pool, self.writer = ArenaPool(PLACES), ArenaWriter()
+        self.pool.offer_layout([NBYTES])
         self.next_position = 0
 
     def submit(self) -> list[int]:

@@ -684,8 +684,10 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             if self._processes.keep_leaves and not self._pin_memory:
                 # Samples may be written into their places in their batch:
                 # a batch whose samples kept them is handed out as it lies.
-                self._processes.arenas = ArenaPool()
-                self._processes.arena_places = batch_size
+                self._processes.arenas = ArenaPool(batch_size)
+        # A user's collate_fn gets samples from worker processes still
+        # pickled, to be made on the thread that collates them.
+        opens_samples = self._processes is not None and not self._processes.keep_leaves
         return SampleEngine(
             worker_factory(spec, samples=True, processes=self._processes),
             sample_collator(
@@ -693,7 +695,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
                 pin=self._pin_memory,
                 device=self._pin_memory_device or None,
                 base_seed=int(self._base_seed),
-                opens_samples=self._processes is not None and not self._processes.keep_leaves,
+                opens_samples=opens_samples,
             ),
             # A cheap batch of torch's default_collate may be collated here:
             # the collate thread's GIL hand-over would cost this thread more.
@@ -703,7 +705,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
                     pin=False,
                     device=None,
                     own_thread=False,
-                    opens_samples=self._processes is not None and not self._processes.keep_leaves,
+                    opens_samples=opens_samples,
                 )
                 if not self._pin_memory and draws_no_random(self._collate_fn)
                 else None

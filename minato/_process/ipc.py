@@ -315,7 +315,6 @@ class _SharingPickler(cloudpickle.Pickler):
             in_ring = self._in_ring(data)
             if in_ring is not None:
                 segment, slot = in_ring
-                shape = tuple(tensor.shape)
                 return _rebuild_slot_tensor, (segment, slot, tensor.nbytes, tensor.dtype, shape)
             shared = self._fresh(tensor.nbytes)
             copy = torch.empty((0,), dtype=tensor.dtype).set_(shared, 0, tensor.shape)

@@ -204,7 +204,6 @@ class WorkerProcess:
         self.arenas = workers.arenas if self.keep_leaves else None
         if self.arenas is not None:
             self.arenas.forget_worker(worker_id)
-        self.arena_places = workers.arena_places
         # Samples for a user's collate_fn are rebuilt on the collate thread.
         self.defer = samples and not self.keep_leaves
         # Collected with its worker thread's runner (the pool shrank): the
@@ -246,7 +245,7 @@ class WorkerProcess:
             return None
         output, leaf_sizes = answer
         if leaf_sizes:
-            arenas.offer_layout(self.arena_places, leaf_sizes)
+            arenas.offer_layout(leaf_sizes)
         return (output,)
 
     def stop(self, kill: bool = False) -> None:
@@ -302,10 +301,9 @@ class ProcessWorkers:
         # Set when the loader's collate stacks samples' payloads from their
         # slots (minato._loader.collate): they arrive as SlotLeafs.
         self.keep_leaves = False
-        # Set, with the batch size, when samples may also be written into
-        # their places in their batches (rust/wire/arena.rs).
+        # Set when samples may also be written into their places in their
+        # batches (rust/wire/arena.rs).
         self.arenas: ArenaPool | None = None
-        self.arena_places = 0
         self.forced = method.processes and method.requested == "multiprocessing"
         # Whether a map-style loader may move between tasks (otherwise an
         # IterableDataset's worker moves at its epoch's start, a loader that

@@ -42,17 +42,18 @@ pub(crate) struct PyArenaPool {
 
 #[pymethods]
 impl PyArenaPool {
+    /// Arenas for batches of `places` samples.
     #[new]
-    fn new() -> Self {
+    fn new(places: usize) -> Self {
         PyArenaPool {
-            pool: ArenaPool::default(),
+            pool: ArenaPool::new(places),
         }
     }
 
-    /// The large leaves' sizes of a worker process's first sample, for
-    /// batches of `places`; the first offer sets the layout.
-    fn offer_layout(&self, places: usize, leaf_bytes: Vec<usize>) {
-        self.pool.offer_layout(places, leaf_bytes);
+    /// The large leaves' sizes of a worker process's first sample; the
+    /// first offer sets the layout.
+    fn offer_layout(&self, leaf_bytes: Vec<usize>) {
+        self.pool.offer_layout(leaf_bytes);
     }
 
     /// A batch was submitted: the fresh samples at epoch positions
@@ -162,17 +163,6 @@ impl PyArenaPool {
         })
     }
 
-    /// Whether a collated batch was handed out as it lay in its arena.
-    fn report(&self, hit: bool) {
-        self.pool.report(hit);
-    }
-
-    /// Whether arenas are lent.
-    #[getter]
-    fn active(&self) -> bool {
-        self.pool.active()
-    }
-
     #[getter]
     fn free_arenas(&self) -> usize {
         self.pool.free_arenas()
@@ -253,12 +243,6 @@ impl PyArenaWriter {
         };
         detach(py, || arena.place(generation, place, leaf, source))
     }
-
-    /// Arenas mapped now.
-    #[getter]
-    fn mapped(&self) -> usize {
-        self.arenas.len()
-    }
 }
 
 /// The bytes of one leaf of a whole batch, as they lie in its arena: a
@@ -331,27 +315,8 @@ fn _arena_batch(batch: &Bound<'_, PyAny>) -> PyResult<Option<PyArenaBatch>> {
     }))
 }
 
-/// Leaves in `batch` in arenas, and places they hold (for tests).
-#[pyfunction]
-fn _arena_places(batch: &Bound<'_, PyAny>) -> PyResult<Vec<Option<(u32, u32)>>> {
-    batch
-        .try_iter()?
-        .map(|item| {
-            let item = item?;
-            Ok(match item.cast_into::<PySlotLeaf>() {
-                Ok(leaf) => match &leaf.get().owner {
-                    LeafOwner::Arena { lease, place, .. } => Some((lease.id(), *place)),
-                    LeafOwner::Slot { .. } => None,
-                },
-                Err(_) => None,
-            })
-        })
-        .collect()
-}
-
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_arena_batch, m)?)?;
-    m.add_function(wrap_pyfunction!(_arena_places, m)?)?;
     m.add_class::<PyArenaPool>()?;
     m.add_class::<PyArenaLeases>()?;
     m.add_class::<PyArenaWriter>()?;

@@ -132,8 +132,10 @@ pub struct Placement {
 }
 
 /// The loader's arenas, shared by its worker threads and its collate.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ArenaPool {
+    /// Places per arena: the loader's batch size.
+    places: usize,
     state: Arc<Mutex<PoolState>>,
 }
 
@@ -144,12 +146,20 @@ impl ArenaPool {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The samples' leaf sizes, as a worker process first saw them, for
-    /// batches of `places`: the first offer sets the layout.
-    pub fn offer_layout(&self, places: usize, leaf_bytes: Vec<usize>) {
+    /// A pool of arenas for batches of `places` samples.
+    pub fn new(places: usize) -> ArenaPool {
+        ArenaPool {
+            places,
+            state: Arc::default(),
+        }
+    }
+
+    /// The samples' leaf sizes, as a worker process first saw them: the
+    /// first offer sets the layout.
+    pub fn offer_layout(&self, leaf_bytes: Vec<usize>) {
         let mut state = self.state();
         if state.layout.is_none() && !state.disabled {
-            state.layout = ArenaLayout::new(places, leaf_bytes);
+            state.layout = ArenaLayout::new(self.places, leaf_bytes);
         }
     }
 
@@ -328,8 +338,8 @@ mod tests {
     use super::*;
 
     fn pool() -> ArenaPool {
-        let pool = ArenaPool::default();
-        pool.offer_layout(4, vec![4096, 8]);
+        let pool = ArenaPool::new(4);
+        pool.offer_layout(vec![4096, 8]);
         pool
     }
 
@@ -444,9 +454,9 @@ mod tests {
 
     #[test]
     fn large_arenas_are_kept_for_reuse_within_a_budget() {
-        let pool = ArenaPool::default();
+        let pool = ArenaPool::new(2);
         // 2 places of 200 MiB: 400 MiB and a page an arena, two kept at most.
-        pool.offer_layout(2, vec![200 << 20]);
+        pool.offer_layout(vec![200 << 20]);
         let placements: Vec<Placement> = (0..4u64)
             .map(|batch| {
                 pool.expect(batch * 2, 0, 1);
@@ -465,10 +475,10 @@ mod tests {
 
     #[test]
     fn nothing_is_lent_before_the_layout_is_known() {
-        let pool = ArenaPool::default();
+        let pool = ArenaPool::new(4);
         pool.expect(0, 0, 4);
         assert_eq!(pool.place(0, &[0, 1]).destinations, vec![None, None]);
-        pool.offer_layout(4, vec![0]);
+        pool.offer_layout(vec![0]);
         assert!(!pool.active(), "no layout of empty leaves");
     }
 }
