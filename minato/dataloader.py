@@ -263,11 +263,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.worker_method = worker_method
         self.sample_hard_timeout = sample_hard_timeout
         self.worker_nice = worker_nice
-        self._worker_method = WorkerMethod(worker_method)
+        self._worker_method = WorkerMethod(worker_method, type(dataset))
         self._stats_recorder = StatsRecorder()
         self._stats_recorder.method = self._worker_method if num_workers > 0 else None
         self._progress = LoaderProgress()
-        if num_workers > 0 and self._worker_method.processes:
+        if num_workers > 0 and self._worker_method.wants_processes:
             # The fork server imports torch (about a second): under way before iter().
             warm_up()
 
@@ -280,7 +280,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         copy resumes from it."""
         state = self.__dict__.copy()
         state["_iterator"] = None
-        method = WorkerMethod(self.worker_method)
+        method = WorkerMethod(self.worker_method, type(self.dataset))
         recorder = StatsRecorder()
         recorder.method = method if self.num_workers > 0 else None
         state["_worker_method"] = method

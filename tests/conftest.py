@@ -39,3 +39,12 @@ def no_leaked_threads() -> Iterator[None]:
     before = os_thread_count()
     yield
     assert wait_for_thread_count(before) <= before, "a worker thread outlived its loader"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_automatic_choice() -> None:
+    """worker_method="auto" carries a decision to later loaders over the same
+    dataset type in the process: each test's loaders decide afresh."""
+    from minato._process.method import _decided_for
+
+    _decided_for.clear()

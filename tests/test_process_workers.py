@@ -8,6 +8,7 @@ interpreter exit, the loader's process killed) count the processes left.
 from __future__ import annotations
 
 import gc
+import hashlib
 import multiprocessing
 import os
 import signal
@@ -142,6 +143,20 @@ class Sleeps(Dataset):
 
     def __getitem__(self, index: int) -> int:
         time.sleep(0.002)
+        return index
+
+
+class Hashes(Dataset):
+    """Work that computes with the GIL released (hashlib over a large buffer),
+    as image decoding does."""
+
+    data = bytes(2_000_000)
+
+    def __len__(self) -> int:
+        return 1500
+
+    def __getitem__(self, index: int) -> int:
+        hashlib.sha256(self.data).digest()
         return index
 
 
@@ -788,22 +803,31 @@ def _loop_bound_run(
     processes_interval: float,
     can_trial=True,
     probe_delay: float = 0.0,
+    cpu_share: float | None = None,
+    gil_share: float = 0.0,
 ) -> tuple[WorkerMethod, list]:
     """A loop that receives a batch every 50 ms after waiting `waited` for
     it, its probes finding the GIL free (the workers idle, as a full queue
     leaves them) or waiting `probe_delay`, then, if moved, a batch every
-    `processes_interval`."""
+    `processes_interval`. Its workers wait for the GIL `gil_share` of their
+    fetch time and spend `cpu_share` of the rest on a CPU (None: the engine
+    does not say)."""
     clock = _Clock(probe_delay)
     monkeypatch.setattr(_worker_method, "time", clock)
     method = WorkerMethod("auto")
     figures = {"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "fetch_p50": 0.005}
+    if cpu_share is not None:
+        figures["cpu"] = 0.0
     method.observe(figures)
     verdicts = []
     for batch in range(1, 40):
         clock.now = batch * 0.05
         verdicts.append(method.batch_received(clock.now, waited))
         method.probe()
-        figures = dict(figures, samples_loaded=16 * batch, busy=0.09 * batch)
+        busy = 0.09 * batch  # 5.6 ms a sample
+        figures = dict(figures, samples_loaded=16 * batch, busy=busy, gil_wait=gil_share * busy)
+        if cpu_share is not None:
+            figures["cpu"] = cpu_share * (1 - gil_share) * busy
         verdicts.append(method.observe(figures, can_trial=can_trial))
         if method.wants_processes:
             break
@@ -840,12 +864,55 @@ def test_a_loop_that_sets_the_pace_goes_back_to_threads_unless_processes_gain(
     assert "20.0 batches/s on them against 20.0 on processes" in method.reason
 
 
+@pytest.mark.parametrize("cpu_share", [None, 0.1])
 def test_a_loop_that_waits_for_data_keeps_threads_when_nothing_points_to_the_gil(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, cpu_share: float | None
 ) -> None:
-    method, verdicts = _loop_bound_run(monkeypatch, waited=0.04, processes_interval=0.04)
+    # Workers that mostly wait (I/O), or whose CPU time is not known.
+    method, verdicts = _loop_bound_run(
+        monkeypatch, waited=0.04, processes_interval=0.04, cpu_share=cpu_share
+    )
     assert set(verdicts) == {None} and method.decided and not method.wants_processes
     assert "releases the GIL" in method.reason
+
+
+@pytest.mark.parametrize("processes_interval,kept", [(0.04, True), (0.05, False)])
+def test_workers_that_compute_try_processes_wanting_a_gain(
+    monkeypatch: pytest.MonkeyPatch, processes_interval: float, kept: bool
+) -> None:
+    # PIL's decode on 16 cores: the GIL reads free (its waits are inside
+    # the work), yet threads of one process loaded half as fast as processes.
+    method, verdicts = _loop_bound_run(
+        monkeypatch, waited=0.04, processes_interval=processes_interval, cpu_share=0.9
+    )
+    assert verdicts.count("move") == 1
+    assert "the workers compute (90% of their fetch time on a CPU" in method.reason
+    assert method.processes is kept
+    if not kept:
+        assert verdicts[-1] == "revert"
+
+
+def test_many_threads_waiting_for_the_gil_over_cheap_samples_keep_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 32 threads whose samples sleep: they wait for the GIL half their time,
+    # handing it around, but each sample takes 17 us of CPU. A process's
+    # round trip would cost more than it saves.
+    method, verdicts = _loop_bound_run(
+        monkeypatch, waited=0.04, processes_interval=0.01, cpu_share=0.006, gil_share=0.5
+    )
+    assert "move" not in verdicts and method.decided and not method.wants_processes
+    assert "us of CPU, too little for a worker process's round trip" in method.reason
+
+
+def test_workers_that_wait_for_the_gil_while_computing_move(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    method, verdicts = _loop_bound_run(
+        monkeypatch, waited=0.04, processes_interval=0.04, cpu_share=0.9, gil_share=0.5
+    )
+    assert verdicts.count("move") == 1 and method.processes
+    assert "waited for the GIL 50% of their fetch time" in method.reason
 
 
 @pytest.mark.parametrize("processes_interval,kept", [(0.04, True), (0.05, False)])
@@ -878,6 +945,7 @@ def test_a_loader_back_on_threads_delivers_every_sample_once(
     # Processes judged slower whatever they do: the workers go back to
     # threads mid-epoch, each stopping its process after its last task.
     monkeypatch.setattr(_worker_method, "TRIAL_TOLERANCE", -100.0)
+    monkeypatch.setattr(_worker_method, "TRIAL_GAIN", 100.0)
     monkeypatch.setattr(_worker_method, "TRIAL_MIN_S", 0.05)
     loader = minato.DataLoader(PurePython(), batch_size=8, shuffle=True, num_workers=2)
     reasons = []
@@ -1013,3 +1081,37 @@ def test_a_fork_context_lock_names_itself_and_the_remedy() -> None:
     # "auto" stays on threads for it, where it works.
     auto = minato.DataLoader(dataset, batch_size=2, num_workers=2)
     assert indices(auto) == list(range(8)) and dataset.count.value == 8
+
+
+def test_a_later_loader_over_the_same_dataset_type_starts_from_the_decision() -> None:
+    first = minato.DataLoader(PurePython(), batch_size=8, shuffle=True, num_workers=2)
+    for _ in range(5):
+        assert indices(first) == list(range(4000))
+        if "on them against" in (first.stats().worker_method_reason or ""):
+            break
+    decided = first.stats()
+    # The trial's verdict (processes, unless a loaded machine slowed them).
+    assert "on them against" in decided.worker_method_reason, decided.worker_method_reason
+    # A second loader (an evaluation loader, say) starts from it: on
+    # processes as soon as its workers can, no thread phase, no trial.
+    second = minato.DataLoader(PurePython(), batch_size=8, num_workers=2)
+    assert indices(second) == list(range(4000))
+    stats = second.stats()
+    assert stats.worker_method == decided.worker_method, stats.worker_method_reason
+    assert "decided for an earlier loader of PurePython" in stats.worker_method_reason
+    # Another dataset type decides for itself.
+    other = minato.DataLoader(Sleeps(), batch_size=8, num_workers=2)
+    assert "earlier loader" not in (other.stats().worker_method_reason or "")
+    del first, second, other
+    assert wait_until(lambda: not workers_of_this_process())
+
+
+def test_a_dataset_that_computes_without_the_gil_tries_processes_in_its_first_epoch() -> None:
+    loader = minato.DataLoader(
+        Hashes(), batch_size=8, shuffle=True, num_workers=2, persistent_workers=True
+    )
+    assert len(list(loader)) == len(loader)
+    reason = loader.stats().worker_method_reason or ""
+    assert "the workers compute" in reason, reason
+    del loader
+    assert wait_until(lambda: not workers_of_this_process())

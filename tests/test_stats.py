@@ -126,6 +126,7 @@ class _FakeEngine:
             samples_loaded=500,
             busy=busy,
             gil_wait=gil_wait,
+            cpu=busy - gil_wait,
             queue_occupancy=0.1,
             slow_samples=0,
             moved_samples=0,

@@ -543,6 +543,11 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
                 # Only a loader whose workers move between tasks can go back.
                 method.activate(in_flight, trial=processes.per_task_switch)
                 self._on_processes()
+            elif method.decided:
+                # Decided before this loader's first samples (an earlier
+                # loader's decision): the dataset's modules too. Asking again
+                # does nothing.
+                warm_up(processes.modules())
             return
         if method.decided:
             return

@@ -26,7 +26,7 @@ GIL_HINT_MIN_SAMPLES = 100
 # Skipped samples' records kept for stats(): the most recent ones (the count is exact).
 MAX_FAILURES_KEPT = 10_000
 # Engine figures that add up over the engines a loader has run.
-_SUMMED = ("gil_wait", "busy", "slow_samples", "moved_samples")
+_SUMMED = ("gil_wait", "busy", "cpu", "slow_samples", "moved_samples")
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,9 @@ class LoaderStats:
     dataset's code (measured in Rust)."""
     fetch_time: float = 0.0
     """Total time worker threads spent loading (GIL waits included)."""
+    worker_cpu: float = 0.0
+    """Total CPU time worker threads used while loading, by their own clocks
+    (a thread that hands its sample to a worker process only waits)."""
     starved: float = 0.0
     """Total time the training loop waited inside ``__next__`` for a batch."""
     queue_occupancy: float | None = None
@@ -105,6 +108,14 @@ class LoaderStats:
         """The share of fetch time spent waiting for the GIL."""
         return self.gil_wait / self.fetch_time if self.fetch_time > 0 else None
 
+    @property
+    def compute_share(self) -> float | None:
+        """The share of fetch time, GIL waits left out, that worker threads
+        spent on a CPU: near 1 for work that computes, near 0 for work that
+        waits (I/O)."""
+        working = self.fetch_time - self.gil_wait
+        return self.worker_cpu / working if working > 0 else None
+
     def summary(self) -> str:
         """One line, as ``log_interval`` logs it."""
         return (
@@ -127,6 +138,10 @@ class LoaderStats:
             ("fetch p50 / p90 / p99", " / ".join(map(_ms, fetch))),
             ("fetch time (all workers)", f"{self.fetch_time:.3f}s"),
             ("GIL wait", f"{self.gil_wait:.3f}s ({_share(self.gil_share)} of fetch time)"),
+            (
+                "CPU (all workers)",
+                f"{self.worker_cpu:.3f}s ({_share(self.compute_share)} of the rest)",
+            ),
             ("starved (loop waited)", f"{self.starved:.3f}s"),
             ("ready-queue occupancy", _share(self.queue_occupancy)),
             ("slow samples", str(self.slow_samples)),
@@ -260,6 +275,7 @@ class StatsRecorder:
             fetch_p99=figures.get("fetch_p99"),
             gil_wait=closed["gil_wait"],
             fetch_time=closed["busy"],
+            worker_cpu=closed["cpu"],
             starved=self.starved,
             queue_occupancy=figures.get("queue_occupancy"),
             elapsed=0.0 if started is None else time.perf_counter() - started,

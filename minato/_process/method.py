@@ -32,8 +32,18 @@ if the loop ran ``TRIAL_GAIN`` faster on them: otherwise the threads did
 not slow it). Processes that do not pay (a loop the GIL does not slow
 much, a dataset whose samples cost more to send than to make) go back to
 threads. Both signals well below their threshold for ``DECIDE_AFTER_S``,
-the loop waiting for data, keeps threads and ends the probing. On
-free-threaded Python (no GIL) auto always keeps threads. The decision and
+the loop waiting for data, keeps threads and ends the probing.
+
+A third signal needs no GIL at all: the worker threads' own CPU clocks
+(read in Rust around each task). Workers on a CPU for ``COMPUTE_SHARE`` of
+their fetch time compute, and get a trial that keeps processes only on a
+gain, where the GIL reads free: in threads of one process, work that
+releases the GIL still hands it over inside (PIL's decoder, chunk by
+chunk) and shares one allocator. Samples that take under
+``MIN_SAMPLE_WORK_S`` of CPU stay on threads whatever the GIL does. A
+decision reached holds for later loaders over the same dataset type in the
+process (no thread phase, no trial). On free-threaded Python (no GIL) auto
+always keeps threads. The decision and
 its reason are in ``stats()`` and logged once (INFO, the ``minato``
 logger).
 """
@@ -42,6 +52,7 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 from dataclasses import dataclass
 
 from minato._util.log import logger
@@ -69,8 +80,19 @@ MIN_PROBES = 6
 CLEAR_DELAY_FACTOR = 4
 # Samples cheaper than this stay on threads whatever the GIL does: a worker
 # process's round trip (pickling, two socket hops) would cost more than the
-# GIL contention it saves.
+# GIL contention it saves. Measured by the worker threads' own CPU clocks
+# where the engine reads them (a sample that sleeps or waits for I/O for a
+# millisecond is as cheap to run as its CPU time: many threads handing the
+# GIL around for such samples wait for it, yet a process would only add its
+# round trip), else by the fetch time's median.
 MIN_SAMPLE_WORK_S = 100e-6
+# Workers on a CPU for this share of their fetch time (the GIL's waits left
+# out) compute: in worker processes they would run on the cores apart from
+# the training process, where threads share one interpreter (its GIL's
+# hand-overs inside the work, its allocator). On a GPU machine's 16 cores a
+# PIL pipeline whose GIL signals both read "free" loaded half as fast on
+# threads as on processes, and on 2 cores faster: the trial decides.
+COMPUTE_SHARE = 0.3
 # Both signals low for this long: threads stay, and probing ends.
 DECIDE_AFTER_S = 1.0
 # Probes of the loop's GIL delay, at most this often.
@@ -141,16 +163,26 @@ class _Window:
     gil_wait: float
     busy: float
     samples: int
+    # The workers' own CPU time in their tasks; None where the engine does
+    # not report it.
+    cpu: float | None
     # The loop's time waiting for batches, until the window started.
     waited: float = 0.0
+
+
+# What auto decided for good, by the dataset's type: a later loader over a
+# dataset of that type (an evaluation loader, one re-created each epoch, a
+# Lightning re-instantiation) starts from it instead of from a thread phase.
+_decided_for: weakref.WeakKeyDictionary[type, tuple[bool, str]] = weakref.WeakKeyDictionary()
 
 
 class WorkerMethod:
     """A loader's worker method: the one in use, why, and (auto) the
     measurements that decide it. Lives as long as the loader: a decision
-    holds for its later epochs."""
+    holds for its later epochs, and for later loaders over a dataset of
+    the same type (`kind`) in this process."""
 
-    def __init__(self, requested: str) -> None:
+    def __init__(self, requested: str, kind: type | None = None) -> None:
         self.requested = requested
         # What worker threads read before each task: whether to hand it to
         # their process. Auto sets it once the fork server is up (activate).
@@ -162,9 +194,16 @@ class WorkerMethod:
             "multiprocessing": 'worker_method="multiprocessing"',
             "auto": "auto: threads until the measurements decide",
         }[requested]
+        self._kind = kind
+        # Decided for an earlier loader: processes at once, without a trial.
+        self._inherited = False
         if requested == "auto" and not gil_enabled():
             self.decided = True
             self.reason = "auto: free-threaded Python, threads run in parallel"
+        elif requested == "auto" and kind is not None and kind in _decided_for:
+            self.decided = self._inherited = True
+            self.wants_processes, why = _decided_for[kind]
+            self.reason = f"{why}; decided for an earlier loader of {kind.__name__}"
         self._window: _Window | None = None
         self._worth_probing = False
         self._probe_total = 0.0
@@ -227,6 +266,7 @@ class WorkerMethod:
                 f"on them against {threads:.1f} on threads ({self._heuristic})"
             )
             logger.info("minato: keeping worker processes (%s)", self.reason)
+            self._remember()
             return None
         self.processes = self.wants_processes = False
         self.reason = (
@@ -234,12 +274,18 @@ class WorkerMethod:
             f"against {processes:.1f} on processes ({self._heuristic})"
         )
         logger.info("minato: back to worker threads (%s)", self.reason)
+        self._remember()
         return "revert"
+
+    def _remember(self) -> None:
+        if self._kind is not None and not self._inherited:
+            _decided_for[self._kind] = (self.wants_processes, self.reason)
 
     def ready_for_processes(self) -> bool:
         """Auto moves once the loop's rate on threads is measured (sooner
-        after a clear sign, see CLEAR_THREADS_MIN_S)."""
-        if self.requested != "auto" or self._on_threads.complete:
+        after a clear sign, see CLEAR_THREADS_MIN_S; at once where an earlier
+        loader decided)."""
+        if self.requested != "auto" or self._inherited or self._on_threads.complete:
             return True
         clear = self.wants_processes and not self._gain_wanted
         return clear and self._on_threads.measured_for(CLEAR_THREADS_MIN_S)
@@ -247,7 +293,14 @@ class WorkerMethod:
     @staticmethod
     def _window_of(figures: dict[str, float], waited: float) -> _Window:
         samples = int(figures["samples_loaded"])
-        return _Window(time.perf_counter(), figures["gil_wait"], figures["busy"], samples, waited)
+        return _Window(
+            time.perf_counter(),
+            figures["gil_wait"],
+            figures["busy"],
+            samples,
+            figures.get("cpu"),
+            waited,
+        )
 
     def wants_probe(self, now: float) -> bool:
         """Probes cost the loop a GIL re-take each: only while undecided, and
@@ -284,17 +337,27 @@ class WorkerMethod:
         loop_bound = can_trial and waited_share < LOOP_BOUND_WAITED
         samples = int(figures["samples_loaded"]) - window.samples
         busy = figures["busy"] - window.busy
-        share = (figures["gil_wait"] - window.gil_wait) / busy if busy > 0 else 0.0
+        gil_wait = figures["gil_wait"] - window.gil_wait
+        share = gil_wait / busy if busy > 0 else 0.0
         delay = self._probe_total / self._probes if self._probes else 0.0
-        p50 = figures.get("fetch_p50")
-        worth_a_process = p50 is not None and p50 >= MIN_SAMPLE_WORK_S
+        cpu = None if window.cpu is None else figures["cpu"] - window.cpu
+        # What a sample costs to run (see MIN_SAMPLE_WORK_S), and the share of
+        # the workers' time on a CPU (COMPUTE_SHARE).
+        if cpu is not None and samples > 0:
+            work, what = cpu / samples, "of CPU"
+        else:
+            work, what = figures.get("fetch_p50"), ""
+        working = busy - gil_wait
+        # (The clocks are read at slightly different points: at most 1.)
+        compute = min(1.0, cpu / working) if cpu is not None and working > 0 else 0.0
+        worth_a_process = work is not None and work >= MIN_SAMPLE_WORK_S
         self._worth_probing = worth_a_process
         if not worth_a_process:
-            if elapsed >= DECIDE_AFTER_S and p50 is not None:
+            if elapsed >= DECIDE_AFTER_S and work is not None:
                 self._decide(
                     False,
-                    f"auto: samples take {p50 * 1e6:.0f} us, too little for a worker "
-                    "process's round trip to pay",
+                    f"auto: samples take {work * 1e6:.0f} us{' ' + what if what else ''}, "
+                    "too little for a worker process's round trip to pay",
                 )
             return None
         if elapsed < MIN_WINDOW_S or samples < MIN_SAMPLES:
@@ -308,6 +371,15 @@ class WorkerMethod:
             return self._decide(
                 True,
                 f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
+            )
+        # Computing workers: a trial on processes, kept only where the loop
+        # (data-bound: the loader) runs faster on them.
+        if compute >= COMPUTE_SHARE and can_trial:
+            self._gain_wanted = True
+            return self._decide(
+                True,
+                f"auto: the workers compute ({compute:.0%} of their fetch time on a CPU, "
+                f"{work * 1e3:.1f} ms a sample), and processes may run them faster",
             )
         # A few probes suffice when the delay is far past the bound.
         clear = self._probes >= 2 and delay >= CLEAR_DELAY_FACTOR * LOOP_DELAY_BOUND_S
@@ -349,6 +421,8 @@ class WorkerMethod:
             self.reason = f"auto: trying worker processes, as {self._heuristic}"
         what = "trying worker processes" if processes else "keeping worker threads"
         logger.info("minato: %s (%s)", what, self.reason)
+        if not processes:
+            self._remember()
         return "move" if processes else None
 
     def activate(self, batches_in_flight: int = 0, trial: bool = True) -> None:
@@ -356,7 +430,7 @@ class WorkerMethod:
         the loop's rate on them is measured from the batch after the
         `batches_in_flight` that threads had loaded (those arrive at once)."""
         self.processes = True
-        if self.requested == "auto" and trial:
+        if self.requested == "auto" and trial and not self._inherited:
             self._on_processes = _Arm(skip=batches_in_flight + 1)
 
     def cannot_use_processes(self, why: str) -> None:

@@ -58,6 +58,7 @@ pub(crate) fn to_dict<'py>(
     dict.set_item("worker_history", history)?;
     dict.set_item("samples_loaded", stats.samples_loaded)?;
     dict.set_item("busy", stats.busy.as_secs_f64())?;
+    dict.set_item("cpu", stats.cpu.as_secs_f64())?;
     dict.set_item("gil_wait", gil_wait.total().as_secs_f64())?;
     dict.set_item("queue_occupancy", stats.occupancy)?;
     dict.set_item("loop_step", stats.loop_step.map(|step| step.as_secs_f64()))?;

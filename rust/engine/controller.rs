@@ -23,12 +23,16 @@
 //! is followed by one probe downwards, kept only if one worker fewer loses
 //! nothing: work that holds the GIL often runs fastest on a single thread.
 //! A saturated CPU stops growth outright, and so does a window in which
-//! nothing finished.
+//! nothing finished. Workers that compute (on a CPU for most of their task
+//! time, by their threads' own clocks) grow no further than the cores: more
+//! would share them, and the window's noise could still read as a gain.
 //!
 //! A worker also costs the training loop: threads share its GIL. The
 //! consumer's step (its time between two requests for a batch) is measured
 //! per window, and a growth step after which the loop's steps ran more than
 //! `max_step_slowdown` slower than before does not pay, whatever it gained.
+
+use super::cpu::available_cores;
 
 /// What the engine measured over one window.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -41,6 +45,10 @@ pub struct Window {
     /// The process's CPU use over recent time, as a fraction of all cores;
     /// None until known.
     pub cpu: Option<f64>,
+    /// The share of the workers' task time they spent on a CPU (their own
+    /// threads' clocks): high for work that computes, low for work that
+    /// waits (I/O, sleeps, the GIL). None when no task finished.
+    pub compute: Option<f64>,
     /// The consumer's mean step, in seconds: its time between receiving a
     /// batch and asking for the next. None when it took no step.
     pub step: Option<f64>,
@@ -62,6 +70,7 @@ impl Window {
             throughput: 0.5 * (self.throughput + other.throughput),
             occupancy: other.occupancy,
             cpu: other.cpu,
+            compute: other.compute.or(self.compute),
             step: mean(self.step, other.step),
             wait: mean(self.wait, other.wait),
         }
@@ -84,6 +93,11 @@ pub struct ControllerConfig {
     pub ahead_above: f64,
     /// CPU use at or above which no worker is added.
     pub cpu_saturated: f64,
+    /// Workers that spend this share of their task time on a CPU compute:
+    /// the pool grows no further than `cores` (more would only share them).
+    pub compute_bound: f64,
+    /// The cores this process may run on.
+    pub cores: usize,
     /// A growth step must raise throughput by this fraction of the ideal
     /// gain (linear in the worker count) to be kept.
     pub min_gain_share: f64,
@@ -115,6 +129,8 @@ impl ControllerConfig {
             starving_below: 0.5,
             ahead_above: 0.9,
             cpu_saturated: 0.9,
+            compute_bound: 0.3,
+            cores: available_cores(),
             min_gain_share: 0.3,
             linear_gain_share: 0.7,
             ceiling_windows: 4,
@@ -277,10 +293,16 @@ impl Controller {
         };
         let config = &self.config;
         if occupancy < config.starving_below {
-            let limit = match self.ceiling {
+            let mut limit = match self.ceiling {
                 Some((at, _)) => at.min(config.max_workers),
                 None => config.max_workers,
             };
+            if window
+                .compute
+                .is_some_and(|share| share >= config.compute_bound)
+            {
+                limit = limit.min(config.cores.max(self.workers));
+            }
             let cpu_saturated = window.cpu.is_some_and(|cpu| cpu >= config.cpu_saturated);
             // Starving while nothing finishes is the loop waiting on hung
             // or very slow samples: more workers would only wait beside them.
@@ -380,7 +402,7 @@ mod tests {
             let mut before = controller.workers();
             prop_assert!((min..=max).contains(&before));
             for (throughput, occupancy, cpu) in windows {
-                let after = controller.observe(Window { throughput, occupancy, cpu, step: None, wait: None });
+                let after = controller.observe(Window { throughput, occupancy, cpu, compute: None, step: None, wait: None });
                 prop_assert!((min..=max).contains(&after));
                 // Quadrupling while steps scale linearly, and taken back.
                 prop_assert!(after.abs_diff(before) <= 3 * before.max(2));
@@ -394,6 +416,7 @@ mod tests {
             throughput,
             occupancy: Some(occupancy),
             cpu,
+            compute: None,
             step: None,
             wait: None,
         }
@@ -535,6 +558,7 @@ mod tests {
             throughput,
             occupancy: Some(0.0),
             cpu: Some(0.2),
+            compute: None,
             step: Some(step),
             wait: Some(wait),
         }
@@ -600,6 +624,36 @@ mod tests {
     }
 
     #[test]
+    fn workers_that_compute_grow_no_further_than_the_cores() {
+        let config = ControllerConfig {
+            cores: 4,
+            ..ControllerConfig::new(1, 64)
+        };
+        let computing = |throughput: f64| Window {
+            compute: Some(0.8),
+            ..window(throughput, 0.0, Some(0.5))
+        };
+        let mut controller = Controller::new(config.clone(), 1);
+        for _ in 0..12 {
+            // Every step pays in full: only the cores hold the pool back.
+            let throughput = 100.0 * controller.workers() as f64;
+            controller.observe(computing(throughput));
+        }
+        assert_eq!(controller.workers(), 4);
+        // Workers that mostly wait (I/O) grow past the cores.
+        let waiting = |throughput: f64| Window {
+            compute: Some(0.05),
+            ..window(throughput, 0.0, Some(0.2))
+        };
+        let mut controller = Controller::new(config, 1);
+        for _ in 0..12 {
+            let throughput = 100.0 * controller.workers() as f64;
+            controller.observe(waiting(throughput));
+        }
+        assert!(controller.workers() > 4, "{}", controller.workers());
+    }
+
+    #[test]
     fn a_full_ready_queue_shrinks_one_at_a_time_down_to_the_minimum() {
         let mut controller = Controller::new(ControllerConfig::new(1, 64), 5);
         let counts: Vec<usize> = (0..8)
@@ -623,6 +677,7 @@ mod tests {
             throughput: 100.0,
             occupancy: None,
             cpu: None,
+            compute: None,
             step: None,
             wait: None,
         };
@@ -647,6 +702,7 @@ mod tests {
             throughput: 0.0,
             occupancy: None,
             cpu: None,
+            compute: None,
             step: None,
             wait: None,
         };

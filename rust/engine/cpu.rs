@@ -1,4 +1,5 @@
-//! The process's CPU use, from sysinfo, for the adaptive controller.
+//! CPU use for the adaptive controller: the process's, from sysinfo, and a
+//! worker thread's own, around each task.
 
 use std::time::{Duration, Instant};
 
@@ -6,6 +7,25 @@ use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
 
 /// CPU time is counted in clock ticks (10 ms): shorter intervals are noise.
 const MIN_INTERVAL: Duration = Duration::from_millis(200);
+
+/// CPU time the calling thread has used so far (its own clock: time it waits,
+/// for I/O, a lock or the GIL, does not count). Zero where the clock cannot
+/// be read.
+pub(crate) fn thread_cpu_time() -> Duration {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid, exclusively borrowed timespec for the call to
+    // write; CLOCK_THREAD_CPUTIME_ID needs no other argument.
+    let read = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    if read != 0 {
+        return Duration::ZERO;
+    }
+    let seconds = u64::try_from(now.tv_sec).unwrap_or(0);
+    let nanos = u32::try_from(now.tv_nsec).unwrap_or(0);
+    Duration::new(seconds, nanos)
+}
 
 /// The cores this process may run on (its affinity and quota counted).
 pub(crate) fn available_cores() -> usize {
@@ -75,5 +95,23 @@ mod tests {
         std::hint::black_box(spin);
         let usage = sampler.usage().expect("known after an interval");
         assert!((0.0..=1.0).contains(&usage));
+    }
+
+    #[test]
+    fn a_threads_clock_counts_its_computing_not_its_sleeping() {
+        let start = thread_cpu_time();
+        std::thread::sleep(Duration::from_millis(50));
+        let slept = thread_cpu_time().saturating_sub(start);
+        let start = thread_cpu_time();
+        let until = Instant::now() + Duration::from_millis(50);
+        let mut spins = 0u64;
+        while Instant::now() < until {
+            spins = std::hint::black_box(spins + 1);
+        }
+        let spun = thread_cpu_time().saturating_sub(start);
+        assert!(slept < Duration::from_millis(10), "{slept:?}");
+        // Another process may take the core for part of the spin.
+        assert!(spun > slept, "{spun:?} against {slept:?}");
+        assert!(spun > Duration::ZERO);
     }
 }

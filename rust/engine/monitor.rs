@@ -72,6 +72,7 @@ struct Mark {
     samples: u64,
     tasks: u64,
     busy_nanos: u64,
+    cpu_nanos: u64,
 }
 
 impl Mark {
@@ -82,6 +83,7 @@ impl Mark {
             samples: shared.samples_done.load(Ordering::Relaxed),
             tasks: shared.tasks_done.load(Ordering::Relaxed),
             busy_nanos: shared.busy_nanos.load(Ordering::Relaxed),
+            cpu_nanos: shared.cpu_nanos.load(Ordering::Relaxed),
         }
     }
 }
@@ -187,10 +189,12 @@ impl Adapter {
         let progress = pool.samples_in_progress(self.task_time);
         let samples = (finished as f64 + progress - self.start_progress).max(0.0);
         let consumer = self.steps.take_window();
+        let cpu = now.cpu_nanos.saturating_sub(self.start.cpu_nanos);
         let window = Window {
             throughput: samples / elapsed.as_secs_f64(),
             occupancy: self.occupancy.take_window(),
             cpu: self.cpu.usage(),
+            compute: (busy > 0).then(|| cpu as f64 / busy as f64),
             step: consumer.step,
             wait: consumer.wait,
         };

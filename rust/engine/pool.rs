@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
-use super::cpu::available_cores;
+use super::cpu::{available_cores, thread_cpu_time};
 use super::error::EngineError;
 use super::task::{Done, Finished, Task};
 use super::task_clock::TaskClock;
@@ -154,6 +154,8 @@ pub(crate) struct PoolShared {
     /// task time, which it prorates running tasks' wall time by, comes
     /// from it.
     pub busy_nanos: AtomicU64,
+    /// The workers' own CPU time inside the tasks of `busy_nanos`.
+    pub cpu_nanos: AtomicU64,
     started: Instant,
     state: Mutex<PoolState>,
     a_worker_exited: Condvar,
@@ -259,6 +261,7 @@ impl<W: WorkerHooks> Pool<W> {
                 samples_done: AtomicU64::new(0),
                 tasks_done: AtomicU64::new(0),
                 busy_nanos: AtomicU64::new(0),
+                cpu_nanos: AtomicU64::new(0),
                 started: Instant::now(),
                 state: Mutex::new(PoolState {
                     live: 0,
@@ -630,6 +633,7 @@ fn worker_main<W: WorkerHooks>(
             // Reset before the monitor can see the task (below).
             clock.reset();
             let started = Instant::now();
+            let cpu_started = thread_cpu_time();
             let finished = if task.epoch != shared.epoch.load(Ordering::Acquire) {
                 Finished::Cancelled
             } else {
@@ -666,6 +670,9 @@ fn worker_main<W: WorkerHooks>(
                 shared.tasks_done.fetch_add(1, Ordering::Relaxed);
                 let nanos = u64::try_from(wall.as_nanos()).unwrap_or(u64::MAX);
                 shared.busy_nanos.fetch_add(nanos, Ordering::Relaxed);
+                let cpu = thread_cpu_time().saturating_sub(cpu_started);
+                let cpu = u64::try_from(cpu.as_nanos()).unwrap_or(u64::MAX);
+                shared.cpu_nanos.fetch_add(cpu, Ordering::Relaxed);
             }
             let slow = {
                 let mut pool = shared.state();

@@ -19,6 +19,9 @@ pub struct EngineStats {
     /// Time workers spent inside tasks, their pauses (waits for the GIL)
     /// included.
     pub busy: Duration,
+    /// The workers' own CPU time inside those tasks: near `busy` when they
+    /// compute, near zero when they wait (I/O, sleeps, the GIL).
+    pub cpu: Duration,
     /// Mean ready-queue occupancy (0..=1) seen by the consumer when it asked
     /// for the next batch; None before it asked.
     pub occupancy: Option<f64>,

@@ -145,6 +145,7 @@ impl<W: WorkerHooks> Workers<W> {
             worker_history: self.pool.history(),
             samples_loaded: shared.samples_done.load(Ordering::Relaxed),
             busy: Duration::from_nanos(shared.busy_nanos.load(Ordering::Relaxed)),
+            cpu: Duration::from_nanos(shared.cpu_nanos.load(Ordering::Relaxed)),
             occupancy: self.occupancy.mean(),
             loop_step: self.steps.mean(),
             ..EngineStats::default()
