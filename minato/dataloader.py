@@ -267,8 +267,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._stats_recorder = StatsRecorder()
         self._stats_recorder.method = self._worker_method if num_workers > 0 else None
         self._progress = LoaderProgress()
-        if num_workers > 0 and self._worker_method.wants_processes:
-            # The fork server imports torch (about a second): under way before iter().
+        if num_workers > 0 and self._worker_method.may_use_processes:
+            # The fork server, forked from this process now, while no worker
+            # of this loader runs: ready before the first samples need it.
             warm_up()
 
     def __getstate__(self) -> dict[str, Any]:

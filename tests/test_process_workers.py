@@ -686,8 +686,9 @@ def test_the_fork_server_imports_the_datasets_modules_once(tmp_path: Path) -> No
     importers = [int(line) for line in log.read_text().split()]
     # Two loaders of two worker processes (one may have served no batch).
     assert 2 <= len(worker_pids) <= 4, worker_pids
-    # The loader's process, then the fork server: no worker imported it.
-    assert len(importers) == 2 and not worker_pids & set(importers), importers
+    # The loader's process alone: the fork server, forked from it, had it
+    # already, and no worker imported it again.
+    assert len(importers) == 1 and not worker_pids & set(importers), importers
 
 
 def test_auto_moves_only_once_the_fork_server_has_imported_the_datasets_modules() -> None:
@@ -1115,3 +1116,42 @@ def test_a_dataset_that_computes_without_the_gil_tries_processes_in_its_first_ep
     assert "the workers compute" in reason, reason
     del loader
     assert wait_until(lambda: not workers_of_this_process())
+
+
+@pytest.mark.parametrize("server", ["fork", "exec"])
+def test_the_fork_server_runs_none_of_the_loaders_signal_handlers(
+    tmp_path: Path, server: str
+) -> None:
+    # Forked from the loader's process, it must not run a trainer's SIGTERM
+    # handler (a checkpoint, say); started fresh (MINATO_FORK_SERVER=exec),
+    # it never had one. Either way its workers load the data.
+    script = textwrap.dedent("""
+        import os, signal, sys
+        import minato
+        from minato._process import workers
+
+        def checkpoint(*_):
+            with open(sys.argv[1], "a") as out:
+                out.write(f"{os.getpid()}\\n")
+
+        signal.signal(signal.SIGTERM, checkpoint)
+        loader = minato.DataLoader(
+            list(range(16)), batch_size=4, num_workers=2, worker_method="multiprocessing"
+        )
+        assert sorted(int(i) for batch in loader for i in batch) == list(range(16))
+        server = workers._the_zygote.process
+        os.kill(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+        print("served")
+        """)
+    ran = tmp_path / "handler_ran"
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(ran)],
+        env=dict(os.environ, MINATO_FORK_SERVER=server),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().endswith("served")
+    assert not ran.exists(), ran.read_text()

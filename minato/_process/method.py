@@ -223,6 +223,12 @@ class WorkerMethod:
         self._gain_wanted = False
 
     @property
+    def may_use_processes(self) -> bool:
+        """Whether this loader's workers may run in processes: asked for,
+        or auto not yet decided for threads."""
+        return self.wants_processes or not self.decided
+
+    @property
     def name(self) -> str:
         """torch's name for the method in use."""
         return "multiprocessing" if self.processes else "thread"

@@ -9,12 +9,17 @@ stats, exactly-once resume, persistent workers. Exceptions keep their type,
 worker id and sample index; large tensors and arrays come back in shared
 memory (minato._process.ipc).
 
-Start: never by forking this process, which runs threads (the engine's,
-torch's, the user's) whose locks a fork would copy held. Worker processes
-fork from minato's fork server instead (minato._process.zygote): a fresh
-interpreter started by fork+exec (safe with threads), which imports torch
-and minato once (``warm_up`` starts it in the background), so a worker
-process then starts in milliseconds, and never imports ``__main__``.
+Start: worker processes fork from minato's fork server
+(minato._process.zygote), started once per process when the first loader
+that may use processes is built (``warm_up``). The fork server is forked
+from this process there, as torch forks its workers from it: it shares
+this process's pages copy-on-write (torch, the user's modules, the
+dataset's data), so it starts in milliseconds and costs no interpreter of
+its own. It keeps only its socket of this process's descriptors, and never
+collects what it inherited (``gc.freeze``). ``MINATO_FORK_SERVER=exec``
+starts it as a fresh interpreter instead (fork+exec: it imports torch and
+minato itself, about a second, and shares nothing). Either way a worker
+process then starts in milliseconds, and never runs ``__main__`` again.
 The dataset and the rest of the worker's spec are pickled once per engine
 and the same bytes sent to every worker process it starts (its tensors in
 shared memory, shared by all of them).
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import signal
@@ -47,6 +53,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -62,23 +69,104 @@ from minato._task.failures import SampleFailure, Skipped
 from minato._task.runner import EXHAUSTED, WorkerSpec
 
 
+class _ForkedServer:
+    """A fork server forked from this process, with the part of
+    ``subprocess.Popen``'s interface the loader uses."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere
+                self.returncode = -1
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired("minato fork server", timeout or 0.0)
+            time.sleep(0.002)
+        return code
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _fork_server(theirs: socket.socket) -> _ForkedServer:
+    """Forks this process into the fork server, serving `theirs`."""
+    keep = theirs.fileno()
+    with warnings.catch_warnings():
+        # Python warns of forking a process with threads; the child runs
+        # only the fork server's loop and what its workers are sent.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid:
+        return _ForkedServer(pid)
+    try:
+        # The parent's Python signal handlers (a trainer's SIGTERM checkpoint,
+        # say) are not the fork server's, nor its workers'.
+        for number in signal.valid_signals():
+            if callable(signal.getsignal(number)):
+                with contextlib.suppress(OSError, ValueError):
+                    signal.signal(number, signal.SIG_DFL)
+        # Objects of this process's that hold descriptors (sockets, files)
+        # must never be collected here: closing their numbers, reused for
+        # the workers' sockets, would cut those.
+        gc.freeze()
+        # Only its socket: a copy of another one would keep its peer from
+        # seeing it closed (a worker process of this loader, say).
+        os.closerange(3, keep)
+        os.closerange(keep + 1, _max_fd())
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        _zygote.serve(keep)
+    finally:
+        os._exit(0)
+
+
+def _max_fd() -> int:
+    try:
+        return max(int(os.sysconf("SC_OPEN_MAX")), 256)
+    except (ValueError, OSError):
+        return 65536
+
+
+def _exec_server(theirs: socket.socket) -> subprocess.Popen:
+    """Starts the fork server as a fresh interpreter, serving `theirs`."""
+    code = (
+        "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+        # The whole package, once, before the first fork.
+        "import minato; "
+        "from minato._process.zygote import serve; serve(int(sys.argv[2]))"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code, json.dumps(sys.path), str(theirs.fileno())],
+        pass_fds=(theirs.fileno(),),
+        stdin=subprocess.DEVNULL,
+    )
+
+
 class _Zygote:
     """The fork server worker processes come from (see minato._process.zygote)."""
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        code = (
-            "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-            # The whole package, once, before the first fork.
-            "import minato; "
-            "from minato._process.zygote import serve; serve(int(sys.argv[2]))"
-        )
+        self.process: _ForkedServer | subprocess.Popen
         try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", code, json.dumps(sys.path), str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-            )
+            if os.environ.get("MINATO_FORK_SERVER") == "exec":
+                self.process = _exec_server(theirs)
+            else:
+                self.process = _fork_server(theirs)
         finally:
             theirs.close()
         self.sock = ours
@@ -134,10 +222,13 @@ def _zygote_now() -> _Zygote:
 
 
 def warm_up(modules: list[str] | None = None) -> None:
-    """Starts the fork server in the background (it imports torch and
-    minato, about a second here), and has it import `modules` (the
-    dataset's), so that worker processes, when wanted, start in
-    milliseconds. Asking again for modules already asked for does nothing."""
+    """Starts the fork server, and has it import `modules` (the dataset's)
+    in the background, so that worker processes, when wanted, start in
+    milliseconds. Forked, the server starts here, in the calling thread (a
+    fork takes milliseconds, and the caller knows what its threads do:
+    another thread's import half done would be half done in every worker);
+    a fresh interpreter (``MINATO_FORK_SERVER=exec``) starts in the
+    background. Asking again for modules already asked for does nothing."""
     global _warming_in
     wanted = set(modules or ())
     with _zygote_start_lock:
@@ -147,6 +238,9 @@ def warm_up(modules: list[str] | None = None) -> None:
             _warming_modules.clear()
         _warming_in = os.getpid()
         _warming_modules.update(wanted)
+    if os.environ.get("MINATO_FORK_SERVER") != "exec":
+        with contextlib.suppress(Exception):  # reported when a worker process starts
+            _zygote_now()
     threading.Thread(
         target=_warm, args=(modules or [],), name="minato fork server", daemon=True
     ).start()

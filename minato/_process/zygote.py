@@ -1,11 +1,11 @@
 """minato's fork server: the process worker processes are forked from.
 
-A loader's process runs threads (the engine's, torch's, the user's), and
-forking it would copy their locks held, so worker processes are never
-forked from it. The zygote is a fresh interpreter started by fork+exec
-(``subprocess``, safe with threads): it imports torch and minato once,
-single-threaded, then forks one worker process per request. Unlike
-multiprocessing's fork server it never imports the user's ``__main__``
+The zygote is forked from the loader's process when its first loader that
+may use processes is built, as torch forks its workers from it (sharing
+its pages), or, with ``MINATO_FORK_SERVER=exec``, a fresh interpreter
+started by fork+exec that imports torch and minato once (see
+minato._process.workers). Either way it is single-threaded, and forks one
+worker process per request. It never runs the user's ``__main__`` again
 (which, without an ``if __name__ == "__main__"`` guard, would run the
 training script again in every worker): the worker's spec is pickled with
 cloudpickle, which sends what ``__main__`` defines by value.
