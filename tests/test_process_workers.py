@@ -7,6 +7,7 @@ interpreter exit, the loader's process killed) count the processes left.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import multiprocessing
@@ -1155,3 +1156,47 @@ def test_the_fork_server_runs_none_of_the_loaders_signal_handlers(
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().endswith("served")
     assert not ran.exists(), ran.read_text()
+
+
+class HoldsItsData(Dataset):
+    """A dataset that holds its data in memory (JPEG bytes, say): its pickle
+    is larger than what goes through a worker's socket."""
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(0)
+        self.blobs = [rng.bytes(300_000) for _ in range(12)]
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def __getitem__(self, index: int) -> str:
+        return hashlib.sha256(self.blobs[index]).hexdigest()
+
+
+def _spills_open() -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if "minato-message" in target:
+                found.append(target)
+    return found
+
+
+def test_a_dataset_larger_than_a_socket_message_reaches_every_worker_whole() -> None:
+    dataset = HoldsItsData()
+    expected = [hashlib.sha256(blob).hexdigest() for blob in dataset.blobs]
+    for persistent in (False, True):
+        loader = minato.DataLoader(
+            dataset,
+            batch_size=3,
+            num_workers=2,
+            worker_method="multiprocessing",
+            persistent_workers=persistent,
+        )
+        for _ in range(2):
+            assert [digest for batch in loader for digest in batch] == expected
+        del loader
+    # Its shared copy goes with the loader's engine.
+    assert wait_until(lambda: not _spills_open()), _spills_open()
+    assert wait_until(lambda: not workers_of_this_process())

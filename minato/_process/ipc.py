@@ -22,6 +22,7 @@ use. Where a torch lacks them, or the sharing strategy is not
 from __future__ import annotations
 
 import io
+import mmap
 import multiprocessing.context
 import multiprocessing.reduction
 import os
@@ -658,6 +659,59 @@ def loads(
         _received.arenas = None
         for fd in fds:
             os.close(fd)
+
+
+# A pickle this large goes to worker processes in shared memory, written
+# once, instead of through each one's socket (a dataset holding its data:
+# 88 MB of JPEGs took each of 2 worker processes about 0.4 s to receive).
+SPILL_BYTES = 1 << 20
+
+
+class Spilled:
+    """A message too large for the socket: its pickle in a memfd, and its
+    own descriptors. Unpickled with copies of them (the received message's
+    are closed); ``load`` unpickles the message itself."""
+
+    def __init__(self, size: int, fds: list[int]) -> None:
+        self.size = size
+        self.fds = fds
+
+    def __reduce__(self) -> Any:
+        return _spilled, (self.size, len(self.fds))
+
+    def load(self) -> Any:
+        spill, *fds = self.fds
+        try:
+            with mmap.mmap(spill, self.size, prot=mmap.PROT_READ) as mapped:
+                return loads(mapped, fds)  # (closes `fds`)
+        finally:
+            os.close(spill)
+
+
+def _spilled(size: int, count: int) -> Spilled:
+    return Spilled(size, [os.dup(fd) for fd in _received.fds[: count + 1]])
+
+
+def spill(payload: Payload) -> Payload:
+    """`payload` as a `Spilled` message where it is large, else itself."""
+    if len(payload.data) < SPILL_BYTES:
+        return payload
+    spill_fd = os.memfd_create("minato-message", os.MFD_CLOEXEC)
+    with open(os.dup(spill_fd), "wb") as out:
+        out.write(payload.data)
+    owner = _OwnedFd(spill_fd)
+    header = pickle.dumps(Spilled(len(payload.data), [spill_fd, *payload.fds]))
+    return Payload(header, [spill_fd, *payload.fds], [*payload.keep, owner])
+
+
+class _OwnedFd:
+    """Closes its descriptor when collected (the payload's last send done)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self) -> None:
+        os.close(self.fd)
 
 
 def send(

@@ -415,7 +415,7 @@ class ProcessWorkers:
         with self._lock:
             if self._payload is None:
                 try:
-                    self._payload = _ipc.dumps(self.child_spec)
+                    payload = _ipc.dumps(self.child_spec)
                 except Exception as error:
                     error.add_note(
                         "(minato: worker processes get the dataset, collate_fn and "
@@ -423,15 +423,16 @@ class ProcessWorkers:
                         'worker_method="thread")'
                     )
                     raise
+                # Read before a large pickle goes to shared memory.
+                self._modules = _ipc.modules_named(payload)
+                self._payload = _ipc.spill(payload)
             return self._payload
 
     def modules(self) -> list[str]:
         """The modules the spec's pickle imports from (see _ipc.modules_named)."""
-        payload = self.spec_payload()
-        with self._lock:
-            if self._modules is None:
-                self._modules = _ipc.modules_named(payload)
-            return self._modules
+        self.spec_payload()
+        assert self._modules is not None
+        return self._modules
 
     def check_picklable(self) -> str | None:
         """Why the spec cannot go to a worker process, or None."""
