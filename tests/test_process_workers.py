@@ -894,6 +894,23 @@ def test_workers_that_compute_try_processes_wanting_a_gain(
         assert verdicts[-1] == "revert"
 
 
+def test_a_loop_gil_delay_beside_workers_that_wait_keeps_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Workers that sleep (I/O) in a pool grown past num_workers: the loop's
+    # GIL delay is their hand-overs; processes, num_workers of them, would
+    # not replace the pool.
+    method, verdicts = _loop_bound_run(
+        monkeypatch,
+        waited=0.04,
+        processes_interval=0.01,
+        probe_delay=2 * _worker_method.LOOP_DELAY_BOUND_S,
+        cpu_share=0.05,
+    )
+    assert "move" not in verdicts and method.decided and not method.wants_processes
+    assert "workers on a CPU 5% of their time" in method.reason
+
+
 def test_many_threads_waiting_for_the_gil_over_cheap_samples_keep_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

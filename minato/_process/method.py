@@ -93,6 +93,12 @@ MIN_SAMPLE_WORK_S = 100e-6
 # PIL pipeline whose GIL signals both read "free" loaded half as fast on
 # threads as on processes, and on 2 cores faster: the trial decides.
 COMPUTE_SHARE = 0.3
+# Workers on a CPU for less than this share of their fetch time mostly wait
+# (I/O): a data-bound loop's GIL delay then comes from many threads handing
+# the GIL around, and processes, a fixed pool of num_workers, would not
+# replace a pool grown for I/O (on 2 cores a 2 ms sleep read 5,000-9,000
+# samples/s on threads, 870 on 2 processes). Not evidence for processes.
+WAITING_SHARE = 0.1
 # Both signals low for this long: threads stay, and probing ends.
 DECIDE_AFTER_S = 1.0
 # Probes of the loop's GIL delay, at most this often.
@@ -356,6 +362,9 @@ class WorkerMethod:
         working = busy - gil_wait
         # (The clocks are read at slightly different points: at most 1.)
         compute = min(1.0, cpu / working) if cpu is not None and working > 0 else 0.0
+        waiting = cpu is not None and compute < WAITING_SHARE and not loop_bound
+        # The loop's GIL delay as evidence (see WAITING_SHARE).
+        judged = 0.0 if waiting else delay
         worth_a_process = work is not None and work >= MIN_SAMPLE_WORK_S
         self._worth_probing = worth_a_process
         if not worth_a_process:
@@ -368,7 +377,7 @@ class WorkerMethod:
             return None
         if elapsed < MIN_WINDOW_S or samples < MIN_SAMPLES:
             leaning = share >= GIL_BOUND_SHARE / 2 or (
-                self._probes >= 2 and delay >= LOOP_DELAY_TRIAL_S
+                self._probes >= 2 and judged >= LOOP_DELAY_TRIAL_S
             )
             return "warm" if leaning or loop_bound else None
         # The workers' own GIL wait needs no probes (one per batch at most:
@@ -378,8 +387,20 @@ class WorkerMethod:
                 True,
                 f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
             )
+        # A few probes suffice when the delay is far past the bound.
+        clear = self._probes >= 2 and judged >= CLEAR_DELAY_FACTOR * LOOP_DELAY_BOUND_S
+        if self._probes < MIN_PROBES and not clear:
+            leaning = self._probes >= 2 and judged >= LOOP_DELAY_TRIAL_S
+            return "warm" if leaning or loop_bound else None
+        if judged >= LOOP_DELAY_BOUND_S:
+            return self._decide(
+                True,
+                f"auto: the training loop waited {delay * 1e3:.1f} ms on average to take "
+                "the GIL back from worker threads",
+            )
         # Computing workers: a trial on processes, kept only where the loop
-        # (data-bound: the loader) runs faster on them.
+        # (data-bound: the loader) runs faster on them. After the GIL's clear
+        # signs, which move sooner (their trial measures threads for less).
         if compute >= COMPUTE_SHARE and can_trial:
             self._gain_wanted = True
             return self._decide(
@@ -387,18 +408,7 @@ class WorkerMethod:
                 f"auto: the workers compute ({compute:.0%} of their fetch time on a CPU, "
                 f"{work * 1e3:.1f} ms a sample), and processes may run them faster",
             )
-        # A few probes suffice when the delay is far past the bound.
-        clear = self._probes >= 2 and delay >= CLEAR_DELAY_FACTOR * LOOP_DELAY_BOUND_S
-        if self._probes < MIN_PROBES and not clear:
-            leaning = self._probes >= 2 and delay >= LOOP_DELAY_TRIAL_S
-            return "warm" if leaning or loop_bound else None
-        if delay >= LOOP_DELAY_BOUND_S:
-            return self._decide(
-                True,
-                f"auto: the training loop waited {delay * 1e3:.1f} ms on average to take "
-                "the GIL back from worker threads",
-            )
-        borderline = can_trial and delay >= LOOP_DELAY_TRIAL_S
+        borderline = can_trial and judged >= LOOP_DELAY_TRIAL_S
         if elapsed < DECIDE_AFTER_S:
             return "warm" if loop_bound or borderline else None
         if loop_bound or borderline:
@@ -414,7 +424,9 @@ class WorkerMethod:
         self._decide(
             False,
             f"auto: the work releases the GIL (workers' GIL wait {share:.0%}, "
-            f"loop's GIL delay {delay * 1e3:.2f} ms)",
+            f"loop's GIL delay {delay * 1e3:.2f} ms"
+            + (f", workers on a CPU {compute:.0%} of their time" if waiting else "")
+            + ")",
         )
         return None
 
