@@ -1166,6 +1166,7 @@ def test_the_fork_server_runs_none_of_the_loaders_signal_handlers(
     run = subprocess.run(
         [sys.executable, "-c", script, str(ran)],
         env=dict(os.environ, MINATO_FORK_SERVER=server),
+        cwd=tmp_path,  # the installed minato, not the checkout's sources
         capture_output=True,
         text=True,
         timeout=120,
