@@ -107,11 +107,13 @@ PROBE_INTERVAL_S = 0.01
 # and this many batches...
 TRIAL_MIN_S = 1.0
 TRIAL_MIN_BATCHES = 8
-# ...threads only half as long after a clear sign (the workers' GIL wait, or
-# the loop's GIL delay past the bound): every batch more on them is one the
-# GIL slows (a second of a 2.7 s epoch measured 0.1-0.2 s behind torch's
-# processes), and there the trial only guards against processes much slower.
-CLEAR_THREADS_MIN_S = 0.5
+# ...threads only a tenth as long after a clear sign (the workers' GIL
+# wait, or the loop's GIL delay past the bound): every batch more on them is
+# one the GIL slows, and there the trial only guards against processes much
+# slower. (A GIL-bound dataset's first epoch read 0.62-0.66x torch's
+# processes with half a second on threads, 0.76-0.77x with a tenth, as the
+# fork server now starts at once.)
+CLEAR_THREADS_MIN_S = 0.1
 # ...and processes keep the loader unless the loop ran this much slower on
 # them than on threads (they have been paid for: start-up, memory).
 TRIAL_TOLERANCE = 0.03
