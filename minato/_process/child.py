@@ -98,8 +98,6 @@ def main(sock: socket.socket) -> None:
     try:
         worker_id, samples = _ipc.recv(wire)
         spec = _ipc.recv(wire)
-        if isinstance(spec, _ipc.Spilled):
-            spec = spec.load()
     except EOFError:
         return
     stream_skip = _StreamSkip()

@@ -725,6 +725,8 @@ def send_payload(wire: Wire, payload: Payload) -> None:
 
 
 def recv(wire: Wire) -> Any:
-    """The next message; EOFError when the other end is gone."""
+    """The next message (a `Spilled` one read from its shared memory);
+    EOFError when the other end is gone."""
     data, fds = wire.receive()
-    return loads(data, fds)
+    message = loads(data, fds)
+    return message.load() if isinstance(message, Spilled) else message

@@ -141,6 +141,11 @@ def _max_fd() -> int:
         return 65536
 
 
+def _exec_wanted() -> bool:
+    """``MINATO_FORK_SERVER=exec``: the fork server as a fresh interpreter."""
+    return os.environ.get("MINATO_FORK_SERVER") == "exec"
+
+
 def _exec_server(theirs: socket.socket) -> subprocess.Popen:
     """Starts the fork server as a fresh interpreter, serving `theirs`."""
     code = (
@@ -163,7 +168,7 @@ class _Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.process: _ForkedServer | subprocess.Popen
         try:
-            if os.environ.get("MINATO_FORK_SERVER") == "exec":
+            if _exec_wanted():
                 self.process = _exec_server(theirs)
             else:
                 self.process = _fork_server(theirs)
@@ -238,7 +243,7 @@ def warm_up(modules: list[str] | None = None) -> None:
             _warming_modules.clear()
         _warming_in = os.getpid()
         _warming_modules.update(wanted)
-    if os.environ.get("MINATO_FORK_SERVER") != "exec":
+    if not _exec_wanted():
         with contextlib.suppress(Exception):  # reported when a worker process starts
             _zygote_now()
     threading.Thread(

@@ -4,13 +4,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-#[cfg(not(unix))]
-use std::time::Instant;
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use crate::engine::Collate;
+use crate::engine::{thread_cpu_time, Collate};
 use crate::thread_exit::hang_on_thread_exit;
 
 /// Below this much CPU time per batch, collating on the collate thread
@@ -104,6 +102,8 @@ impl PythonCollate {
             tags.push(tag);
             values.push(value);
         }
+        // The collate's own work, without the time it waited for the GIL
+        // (which the worker threads hold often).
         let began = thread_cpu_time();
         let batch = collate.call1(
             py,
@@ -112,33 +112,6 @@ impl PythonCollate {
         cost.record(thread_cpu_time().saturating_sub(began));
         batch
     }
-}
-
-/// CPU time of the calling thread: a collate's own work, without the time
-/// it waited for the GIL (which the worker threads hold often).
-#[cfg(unix)]
-fn thread_cpu_time() -> Duration {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid, writable timespec for the call's duration,
-    // and CLOCK_THREAD_CPUTIME_ID is supported by every unix minato targets.
-    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    if status != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(
-        u64::try_from(now.tv_sec).unwrap_or(0),
-        u32::try_from(now.tv_nsec).unwrap_or(0),
-    )
-}
-
-#[cfg(not(unix))]
-fn thread_cpu_time() -> Duration {
-    use std::sync::OnceLock;
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed()
 }
 
 impl Collate<PyResult<Py<PyAny>>> for PythonCollate {

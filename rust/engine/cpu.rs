@@ -11,20 +11,31 @@ const MIN_INTERVAL: Duration = Duration::from_millis(200);
 /// CPU time the calling thread has used so far (its own clock: time it waits,
 /// for I/O, a lock or the GIL, does not count). Zero where the clock cannot
 /// be read.
-pub(crate) fn thread_cpu_time() -> Duration {
+#[cfg(unix)]
+pub fn thread_cpu_time() -> Duration {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `now` is a valid, exclusively borrowed timespec for the call to
-    // write; CLOCK_THREAD_CPUTIME_ID needs no other argument.
-    let read = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    if read != 0 {
+    // SAFETY: `now` is a valid, writable timespec for the call's duration,
+    // and CLOCK_THREAD_CPUTIME_ID is supported by every unix minato targets.
+    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    if status != 0 {
         return Duration::ZERO;
     }
-    let seconds = u64::try_from(now.tv_sec).unwrap_or(0);
-    let nanos = u32::try_from(now.tv_nsec).unwrap_or(0);
-    Duration::new(seconds, nanos)
+    Duration::new(
+        u64::try_from(now.tv_sec).unwrap_or(0),
+        u32::try_from(now.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// Without a thread clock: the time elapsed, so that differences are at
+/// least a duration (everything then reads as computing).
+#[cfg(not(unix))]
+pub fn thread_cpu_time() -> Duration {
+    use std::sync::OnceLock;
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed()
 }
 
 /// The cores this process may run on (its affinity and quota counted).

@@ -34,6 +34,7 @@ mod workers;
 
 pub use collate::{Collate, Uncollated};
 pub use controller::{Controller, ControllerConfig, Window};
+pub use cpu::thread_cpu_time;
 pub use dispatch::Dispatch;
 pub use error::EngineError;
 pub use lifecycle::Lifecycle;
