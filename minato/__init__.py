@@ -12,8 +12,16 @@ from minato._loader.stats import LoaderStats
 from minato._task.failures import SampleFailure, TooManyFailures
 from minato._thread.torch_threads import install as _install_thread_support
 from minato.dataloader import DataLoader
+from minato.installer import install, uninstall
 
 _install_thread_support()
 
-__all__ = ["DataLoader", "LoaderStats", "SampleFailure", "TooManyFailures"]
+__all__ = [
+    "DataLoader",
+    "LoaderStats",
+    "SampleFailure",
+    "TooManyFailures",
+    "install",
+    "uninstall",
+]
 __version__ = "0.1.0"

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import torch.utils.data
 from torch.utils.data import Dataset, Sampler
 
+from minato._integrations import accelerate as accelerate_hooks
 from minato._loader.device import resolve_device
 from minato._loader.iterator import (
     _CallingThreadDataLoaderIter,
@@ -30,6 +33,27 @@ DEFAULT_TIMEOUT_WARMUP = 64
 DEFAULT_MAX_WORKERS = 64
 
 _T_co = TypeVar("_T_co", covariant=True)
+
+# Orders the state_dict() calls of every loader in the process.
+_states_taken = itertools.count(1)
+
+# minato's own keyword arguments, beyond torch's: what a copy of a loader
+# keeps when a library re-creates it from torch's arguments alone.
+MINATO_OPTIONS = (
+    "sample_timeout",
+    "sample_timeout_warmup",
+    "max_slow_samples",
+    "adaptive",
+    "max_workers",
+    "log_interval",
+    "device",
+    "device_prefetch",
+    "on_error",
+    "max_failures",
+    "worker_method",
+    "sample_hard_timeout",
+    "worker_nice",
+)
 
 
 def sampler_shuffles(sampler: object) -> bool:
@@ -267,10 +291,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._stats_recorder = StatsRecorder()
         self._stats_recorder.method = self._worker_method if num_workers > 0 else None
         self._progress = LoaderProgress()
+        # The state_dict() last returned, and the loader a library rebuilt
+        # this one as (minato._integrations.transformers reads both).
+        self._last_state_dict: dict[str, Any] | None = None
+        self._last_state_taken = 0
+        self._rebuilt_as: weakref.ref[DataLoader[Any]] | None = None
         if num_workers > 0 and self._worker_method.may_use_processes:
             # The fork server, forked from this process now, while no worker
             # of this loader runs: ready before the first samples need it.
             warm_up()
+        accelerate_hooks.register(self)
 
     def __getstate__(self) -> dict[str, Any]:
         """What pickling and ``copy.deepcopy`` copy, as torch's DataLoader: the
@@ -287,7 +317,46 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         state["_worker_method"] = method
         state["_stats_recorder"] = recorder
         state["_progress"] = self._progress.fresh_copy()
+        state["_last_state_dict"] = None
+        state["_last_state_taken"] = 0
+        state["_rebuilt_as"] = None
         return state
+
+    def minato_options(self) -> dict[str, Any]:
+        """minato's own options as this loader has them (``MINATO_OPTIONS``)."""
+        return {name: getattr(self, name) for name in MINATO_OPTIONS}
+
+    def _rebuilt(
+        self,
+        dataset: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        skip_sampler_class: type | None,
+    ) -> DataLoader[Any]:
+        """This loader as a library rebuilds it from torch's arguments
+        (``accelerate.data_loader``): minato's class, with this loader's
+        minato options. Where the library skips the batches an interrupted
+        epoch delivered (``skip_first_batches``) and this loader holds a
+        loaded ``state_dict()``, the copy resumes from the state instead:
+        exactly the samples not delivered, reordered or not, each with the
+        random draws it would have had."""
+        kwargs = dict(kwargs)
+        batch_sampler = kwargs.get("batch_sampler")
+        resume = (
+            skip_sampler_class is not None
+            and isinstance(batch_sampler, skip_sampler_class)
+            and getattr(batch_sampler, "batch_sampler", None) is self.batch_sampler
+            and self._progress.has_loaded_state()
+        )
+        if resume:
+            kwargs["batch_sampler"] = self.batch_sampler
+        cls = type(self) if _rebuilds_as_itself(type(self)) else DataLoader
+        loader = cls(dataset, *args, **{**self.minato_options(), **kwargs})
+        if resume:
+            # The copy resumes the epoch; this loader's next epoch starts afresh.
+            loader._progress, self._progress = self._progress, LoaderProgress()
+        self._rebuilt_as = weakref.ref(loader)
+        return loader
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is, for ``load_state_dict`` after a restart.
@@ -301,7 +370,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         it can be saved with ``torch.save``. An IterableDataset's workers'
         streams are resumed by loading and dropping what each had delivered.
         """
-        return self._progress.state_dict(self)
+        state = self._progress.state_dict(self)
+        self._last_state_dict, self._last_state_taken = state, next(_states_taken)
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a ``state_dict()``; the next ``iter(loader)`` resumes there."""
@@ -398,6 +469,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # wait on I/O or run GIL-free code are worth having beyond the core
         # count, so minato does not warn.
         return None
+
+
+def _rebuilds_as_itself(cls: type) -> bool:
+    """Whether a library may rebuild a loader of class `cls` by calling it
+    with torch's keyword arguments: minato's class, or a subclass that keeps
+    its ``__init__`` (or declares that it takes them)."""
+    return cls.__init__ is DataLoader.__init__ or bool(
+        getattr(cls, "_takes_torch_arguments", False)
+    )
 
 
 def _check_minato_options(

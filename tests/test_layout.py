@@ -20,8 +20,10 @@ LAYERS = [
     "_task",
     "_process",
     "_loader",
+    "_integrations",
     "dataloader",
     "io",
+    "installer",
     "__init__",
 ]
 

@@ -338,6 +338,10 @@ class LoaderProgress:
         copy._resume = self._resume
         return copy
 
+    def has_loaded_state(self) -> bool:
+        """Whether a mid-epoch state was loaded and no epoch began since."""
+        return self._resume is not None
+
     # -- the iterators' side -------------------------------------------------
 
     def begin_epoch(
