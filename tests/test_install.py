@@ -91,3 +91,16 @@ def test_uninstall_gives_torchs_class_back() -> None:
     # Installing again works as the first time.
     minato.install()
     assert isinstance(tud.DataLoader(list(range(4))), minato.DataLoader)
+
+
+def test_lightning_recreates_an_installed_loader_with_minatos_defaults() -> None:
+    fabric_data = pytest.importorskip("lightning.fabric.utilities.data")
+    minato.install(on_error="skip")
+    # As Lightning's Trainer records a loader's arguments, then re-creates it
+    # with its own sampler (a DistributedSampler under DDP).
+    with fabric_data._replace_dunder_methods(tud.DataLoader, "dataset"):
+        loader = tud.DataLoader(list(range(10)), batch_size=2, num_workers=2, shuffle=True)
+    recreated = fabric_data._update_dataloader(loader, tud.SequentialSampler(range(10)))
+    assert type(recreated) is type(loader) and isinstance(recreated, minato.DataLoader)
+    assert recreated.on_error == "skip" and recreated.in_order_given() is None
+    assert [batch.tolist() for batch in recreated][:2] == [[0, 1], [2, 3]]

@@ -144,3 +144,16 @@ def test_trainer_with_torchs_loader_still_skips_batches(tmp_path: Path) -> None:
     tail, trainer = _train(out, resume=out / "checkpoint-5", workers=0)
     assert type(trainer.get_train_dataloader().base_dataloader) is tud.DataLoader
     assert [index for index, _ in tail] == [index for index, _ in whole[5:]]
+
+
+def test_the_example_runs_as_documented() -> None:
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "accelerate_trainer.py"
+    result = subprocess.run(
+        [sys.executable, str(example)], capture_output=True, text=True, timeout=240, cwd="/"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "none twice" in result.stdout
+    assert "resumed from checkpoint-5 and finished both epochs" in result.stdout
