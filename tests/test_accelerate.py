@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 import torch.utils.data as tud
-from ddp.launch import run_with_port
+from ddp.launch import run_with_port, torchrun
 
 import minato
 
@@ -163,6 +162,17 @@ def test_save_state_and_load_state_resume_mid_epoch(tmp_path: Path) -> None:
     assert tail == whole[5:]
 
 
+def test_use_stateful_dataloader_keeps_minato(tmp_path: Path) -> None:
+    config = accelerate.DataLoaderConfiguration(use_stateful_dataloader=True)
+    accelerator = accelerate.Accelerator(cpu=True, dataloader_config=config)
+    prepared = accelerator.prepare(_loader(minato.DataLoader, shuffle=True, on_error="skip"))
+    assert type(prepared.base_dataloader) is minato.DataLoader
+    assert prepared.on_error == "skip" and accelerator.use_stateful_dataloader
+    # torch's loaders still become torchdata's, as accelerate makes them.
+    other = accelerator.prepare(_loader(tud.DataLoader))
+    assert type(other.base_dataloader).__name__ == "StatefulDataLoader"
+
+
 def test_skip_first_batches_without_a_state_skips_as_accelerate_does() -> None:
     accelerator = accelerate.Accelerator(cpu=True)
     prepared = accelerator.prepare(_loader(minato.DataLoader, shuffle=False))
@@ -228,20 +238,7 @@ print("ok", [b.tolist() for b in prepared])
 
 
 def test_two_processes_get_disjoint_shards_covering_the_dataset(tmp_path: Path) -> None:
-    def torchrun(port: int) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(port),
-            str(SCRIPT),
-            str(tmp_path),
-        ]
-
-    result = run_with_port(torchrun, timeout=150)
+    result = run_with_port(lambda port: torchrun(port, SCRIPT, str(tmp_path)), timeout=150)
     assert result.returncode == 0, result.stdout
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
     for record in ranks:
@@ -250,6 +247,3 @@ def test_two_processes_get_disjoint_shards_covering_the_dataset(tmp_path: Path) 
         assert record["minato_batches"] == record["torch_batches"]
     seen = [i for record in ranks for batch in record["minato_batches"] for i in batch]
     assert sorted(seen) == list(range(40))
-
-
-_ = threading  # the hooks are process-wide; tests here run in one thread

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import torch.utils.data as tud
-from ddp.launch import ROOT, run_with_port
+from ddp.launch import ROOT, run_with_port, torchrun
 
 SCRIPT = Path(__file__).resolve().parent / "ddp" / "torchrun_script.py"
 EXAMPLE = ROOT / "examples" / "torchrun_ddp.py"
@@ -18,20 +18,6 @@ EXAMPLE = ROOT / "examples" / "torchrun_ddp.py"
 # As in tests/ddp/torchrun_script.py.
 N = 40
 BATCH = 4
-
-
-def torchrun(port: int, script: Path, *args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(port),
-        str(script),
-        *args,
-    ]
 
 
 def expected_shard(rank: int, epoch: int) -> list[int]:

@@ -151,7 +151,17 @@ def _hook_accelerator(module: ModuleType) -> None:
 
     @functools.wraps(original)
     def prepare_data_loader(self: Any, data_loader: Any, *args: Any, **kwargs: Any) -> Any:
-        prepared = original(self, data_loader, *args, **kwargs)
+        config = getattr(self, "dataloader_config", None)
+        if hasattr(data_loader, "_rebuilt") and getattr(config, "use_stateful_dataloader", False):
+            # With this set, accelerate builds torchdata's StatefulDataLoader
+            # by its own import: a minato loader is stateful already.
+            config.use_stateful_dataloader = False
+            try:
+                prepared = original(self, data_loader, *args, **kwargs)
+            finally:
+                config.use_stateful_dataloader = True
+        else:
+            prepared = original(self, data_loader, *args, **kwargs)
         adopt(prepared)
         return prepared
 

@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -92,6 +93,21 @@ def run(
 # with torch's own DataLoader too, in about one run of 100 even after
 # destroy_process_group). Not minato's doing: such a run is tried again.
 GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def torchrun(port: int, script: Path, *args: str) -> list[str]:
+    """A two-process torchrun job of `script` on `port`."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        str(script),
+        *args,
+    ]
 
 
 def run_with_port(
