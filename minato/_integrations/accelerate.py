@@ -79,7 +79,9 @@ def _source_of(dataset: Any, kwargs: dict[str, Any]) -> Any:
     batch sampler (or sampler given as one) the new loader's wraps; with
     neither given (an IterableDataset's loader), the one whose dataset the
     new dataset is or wraps."""
-    samplers = kwargs.get("batch_sampler") or kwargs.get("sampler")
+    samplers = kwargs.get("batch_sampler")
+    if samplers is None:
+        samplers = kwargs.get("sampler")
     loaders = _live_loaders()
     if samplers is not None:
         chain = {id(obj) for obj in _wrapped_chain(samplers)}
@@ -96,11 +98,13 @@ class _Dispatch(type):
     """``AcceleratedDataLoader(...)`` builds minato's class or torch's; it
     reads as torch's class to ``isinstance`` and ``issubclass``."""
 
-    def __call__(cls, dataset: Any, *args: Any, **kwargs: Any) -> Any:
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        dataset = args[0] if args else kwargs.get("dataset")
         source = _source_of(dataset, kwargs)
         if source is None:
-            return _TorchDataLoader(dataset, *args, **kwargs)
-        return source._rebuilt(dataset, args, kwargs, _skip_sampler_class())
+            return _TorchDataLoader(*args, **kwargs)
+        kwargs = {name: value for name, value in kwargs.items() if name != "dataset"}
+        return source._rebuilt(dataset, args[1:], kwargs, _skip_sampler_class())
 
     def __instancecheck__(cls, obj: Any) -> bool:
         return isinstance(obj, _TorchDataLoader)
