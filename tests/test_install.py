@@ -104,3 +104,14 @@ def test_lightning_recreates_an_installed_loader_with_minatos_defaults() -> None
     assert type(recreated) is type(loader) and isinstance(recreated, minato.DataLoader)
     assert recreated.on_error == "skip" and recreated.in_order_given() is None
     assert [batch.tolist() for batch in recreated][:2] == [[0, 1], [2, 3]]
+
+
+def test_webdatasets_webloader_builds_a_minato_loader() -> None:
+    # WebLoader calls torch.utils.data.DataLoader(...) itself.
+    wds = pytest.importorskip("webdataset")
+    minato.install(on_error="skip")
+    dataset = tud.TensorDataset(torch.arange(10))
+    loader = wds.WebLoader(dataset, batch_size=4, num_workers=2)
+    inner = loader.pipeline[0]
+    assert isinstance(inner, minato.DataLoader) and inner.on_error == "skip"
+    assert [batch[0].tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
