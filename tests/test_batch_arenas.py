@@ -30,7 +30,7 @@ from minato._process import ipc as _ipc
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.skipif(not _ipc._can_share(), reason="torch cannot share by descriptor here"),
+    pytest.mark.skipif(not _ipc._can_share(), reason="no memfd here"),
 ]
 
 IMAGE = (3, 64, 96)  # 72 KiB of float32: past SHARE_MIN_BYTES

@@ -1027,6 +1027,33 @@ def test_a_small_tensor_in_shared_memory_travels_shared() -> None:
     assert received["plain"].tolist() == [0.0, 0.0, 0.0]
 
 
+def test_large_payloads_travel_in_minatos_own_shared_memory(monkeypatch) -> None:
+    # No private torch storage method is needed for what minato shares itself.
+    def private(*args, **kwargs):
+        raise AssertionError("a private torch storage method was called")
+
+    for name in ("_new_shared", "_new_shared_fd_cpu", "_share_fd_cpu_"):
+        monkeypatch.setattr(torch.UntypedStorage, name, private, raising=False)
+    monkeypatch.setattr(_ipc, "_from_torch_fd", None)
+    tensor = torch.arange(50_000, dtype=torch.float64).reshape(500, 100)[:, ::2]
+    array = np.arange(40_000, dtype=np.int32)
+    payload = _ipc.dumps({"tensor": tensor, "array": array})
+    assert len(payload.fds) == 2
+    received = _ipc.loads(payload.data, [os.dup(fd) for fd in payload.fds])
+    del payload
+    assert torch.equal(received["tensor"], tensor)
+    assert np.array_equal(received["array"], array)
+
+
+def test_a_shared_tensor_without_torchs_methods_is_copied(monkeypatch) -> None:
+    monkeypatch.setattr(_ipc, "_from_torch_fd", None)
+    shared = torch.zeros(20_000).share_memory_()
+    payload = _ipc.dumps(shared)
+    received = _ipc.loads(payload.data, [os.dup(fd) for fd in payload.fds])
+    shared += 1
+    assert received.sum().item() == 0  # a copy: right data, not the same pages
+
+
 def test_hugging_face_set_epoch_reshuffles_persistent_worker_processes() -> None:
     datasets = pytest.importorskip("datasets")
     source = datasets.Dataset.from_dict({"x": list(range(64))}).to_iterable_dataset(num_shards=4)

@@ -31,7 +31,7 @@ MAX_RING_BYTES = 64 << 20
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.skipif(not _ipc._can_share(), reason="torch cannot share by descriptor here"),
+    pytest.mark.skipif(not _ipc._can_share(), reason="no memfd here"),
 ]
 
 SHAPE = (3, 64, 128)  # 96 KiB in float32: past SHARE_MIN_BYTES

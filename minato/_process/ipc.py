@@ -13,10 +13,16 @@ or, where the loader lent the sample's batch an arena, straight into the
 sample's place in its batch (rust/wire/arena.rs): a batch whose samples all
 kept their places is handed out as it lies, with no copy in the loader.
 
-This uses torch's own shared-memory storages (what ``torch.multiprocessing``
-sends between processes), through the private methods torch's reductions
-use. Where a torch lacks them, or the sharing strategy is not
-``file_descriptor``, every payload is pickled instead: slower, never wrong.
+Shared memory is minato's own: a memfd per payload, mapped with ``mmap``
+on both sides and viewed as a tensor with ``torch.frombuffer``. One case
+needs torch's: a tensor torch itself already put in shared memory (the user's
+``share_memory_()``, a counter a dataset updates in place for its persistent
+workers to see) is sent as the same pages, received as a storage torch knows
+to be shared (Hugging Face's ``set_epoch`` shares it again in the worker,
+which would copy any other), and only torch's private ``_share_fd_cpu_`` and
+``_new_shared_fd_cpu`` do that. Where a torch lacks them, or its sharing
+strategy is not ``file_descriptor``, such a tensor is copied instead: its
+later updates are then not seen.
 """
 
 from __future__ import annotations
@@ -44,18 +50,59 @@ SHARE_MIN_BYTES = 64 * 1024
 # past it are pickled.
 MAX_FDS = 240
 
-_new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
-_from_fd = getattr(torch.UntypedStorage, "_new_shared_fd_cpu", None)
+# torch's private methods that tell the descriptor of a storage torch put in
+# shared memory (file_descriptor strategy), and map one as such a storage.
 _SHARE_FD = "_share_fd_cpu_"
+_from_torch_fd = getattr(torch.UntypedStorage, "_new_shared_fd_cpu", None)
 
 
 def _can_share() -> bool:
-    return (
-        _new_shared is not None
-        and _from_fd is not None
-        and hasattr(torch.UntypedStorage, _SHARE_FD)
-        and torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
-    )
+    return hasattr(os, "memfd_create")
+
+
+def _torch_shared_fd(storage: Any) -> tuple[int, int] | None:
+    """The descriptor and size of a storage torch shared, or None where this
+    torch cannot tell it (then the tensor is copied into memory of minato's)."""
+    share_fd = getattr(storage, _SHARE_FD, None)
+    if (
+        share_fd is None
+        or _from_torch_fd is None
+        or torch.multiprocessing.get_sharing_strategy() != "file_descriptor"
+    ):
+        return None
+    try:
+        fd, size = share_fd()
+    except RuntimeError:  # shared another way (file_system)
+        return None
+    return int(fd), int(size)
+
+
+class SharedBuffer:
+    """Shared memory of minato's own: a memfd, mapped here, viewed as bytes
+    (``tensor``). Its descriptor is closed when it is collected; the mapping
+    lasts as long as a tensor views it."""
+
+    __slots__ = ("fd", "size", "tensor", "__weakref__")
+
+    def __init__(self, nbytes: int) -> None:
+        self.size = max(nbytes, 1)  # mmap maps no empty file
+        self.fd = os.memfd_create("minato-payload", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, self.size)
+            mapped = mmap.mmap(self.fd, self.size)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.tensor = torch.frombuffer(mapped, dtype=torch.uint8)
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
+def _mapped(fd: int, size: int) -> torch.UntypedStorage:
+    """The shared memory behind a received descriptor, as a storage."""
+    mapped = mmap.mmap(fd, size)
+    return torch.frombuffer(mapped, dtype=torch.uint8).untyped_storage()
 
 
 class Payload:
@@ -287,19 +334,15 @@ class _SharingPickler(cloudpickle.Pickler):
                 return self._array(obj)
         return super().reducer_override(obj)
 
-    def _slot(self, storage: Any) -> tuple[int, int]:
-        fd, size = getattr(storage, _SHARE_FD)()
-        key = storage.data_ptr()
+    def _slot(self, key: int, fd: int, owner: Any) -> int:
+        """The message's place for a descriptor of shared memory (one per
+        memory, however many tensors view it); `owner` keeps it open."""
         slot = self.slots.get(key)
         if slot is None:
             slot = self.slots[key] = len(self.fds)
             self.fds.append(fd)
-            self.keep.append(storage)
-        return slot, size
-
-    def _fresh(self, nbytes: int) -> Any:
-        assert _new_shared is not None
-        return _new_shared(max(nbytes, 1))
+            self.keep.append(owner)
+        return slot
 
     def _tensor(self, tensor: torch.Tensor) -> Any:
         storage = tensor.untyped_storage()
@@ -307,26 +350,27 @@ class _SharingPickler(cloudpickle.Pickler):
         # where it goes into a worker's ring (a sample); one the loader sends
         # stays a view of what it shares, as in torch.
         copied_alone = storage.nbytes() > 2 * tensor.nbytes and self.ring is not None
-        if not storage.is_shared() or copied_alone:
-            data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
-            shape = tuple(tensor.shape)
-            in_arena = self._in_arena(data, tensor.dtype, shape, False)
-            if in_arena is not None:
-                return in_arena
-            in_ring = self._in_ring(data)
-            if in_ring is not None:
-                segment, slot = in_ring
-                return _rebuild_slot_tensor, (segment, slot, tensor.nbytes, tensor.dtype, shape)
-            shared = self._fresh(tensor.nbytes)
-            copy = torch.empty((0,), dtype=tensor.dtype).set_(shared, 0, tensor.shape)
-            copy.copy_(tensor)
-            tensor, storage = copy, shared
-        try:
-            slot, size = self._slot(storage)
-        except RuntimeError:  # shared another way (file_system): pickle it
-            return NotImplemented
-        args = (slot, size, tensor.dtype, tensor.storage_offset(), tuple(tensor.shape))
-        return _rebuild_tensor, (*args, tuple(tensor.stride()))
+        if storage.is_shared() and not copied_alone:
+            shared = _torch_shared_fd(storage)
+            if shared is not None:
+                fd, size = shared
+                slot = self._slot(storage.data_ptr(), fd, storage)
+                args = (slot, size, tensor.dtype, tensor.storage_offset(), tuple(tensor.shape))
+                return _rebuild_torch_shared, (*args, tuple(tensor.stride()))
+        data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
+        shape = tuple(tensor.shape)
+        in_arena = self._in_arena(data, tensor.dtype, shape, False)
+        if in_arena is not None:
+            return in_arena
+        in_ring = self._in_ring(data)
+        if in_ring is not None:
+            segment, slot = in_ring
+            return _rebuild_slot_tensor, (segment, slot, tensor.nbytes, tensor.dtype, shape)
+        buffer = SharedBuffer(tensor.nbytes)
+        copy = buffer.tensor[: tensor.nbytes].view(tensor.dtype).view(shape)
+        copy.copy_(tensor)
+        slot = self._slot(id(buffer), buffer.fd, buffer)
+        return _rebuild_tensor, (slot, buffer.size, tensor.dtype, 0, shape, tuple(copy.stride()))
 
     def _array(self, data: np.ndarray) -> Any:
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
@@ -337,11 +381,11 @@ class _SharingPickler(cloudpickle.Pickler):
         if in_ring is not None:
             segment, slot = in_ring
             return _rebuild_slot_array, (segment, slot, data.nbytes, data.dtype, data.shape)
-        shared = self._fresh(data.nbytes)
-        raw = torch.empty((0,), dtype=torch.uint8).set_(shared, 0, (data.nbytes,)).numpy()
-        np.copyto(raw.view(data.dtype).reshape(data.shape), data, casting="no")
-        slot, size = self._slot(shared)
-        return _rebuild_array, (slot, size, data.dtype, data.shape, data.nbytes)
+        buffer = SharedBuffer(data.nbytes)
+        target = buffer.tensor[: data.nbytes].numpy()
+        np.copyto(target.view(data.dtype).reshape(data.shape), data, casting="no")
+        slot = self._slot(id(buffer), buffer.fd, buffer)
+        return _rebuild_array, (slot, buffer.size, data.dtype, data.shape, data.nbytes)
 
 
 # Same-size integer types, for dtypes numpy lacks (bfloat16, float8...).
@@ -516,12 +560,16 @@ def dumps(obj: Any, ring: SlotRing | None = None, writer: ArenaWriter | None = N
 _received = threading.local()
 
 
-def _storage(slot: int, size: int) -> Any:
+def _storage(slot: int, size: int, torch_shared: bool = False) -> Any:
     storages = _received.storages
     storage = storages.get(slot)
     if storage is None:
-        assert _from_fd is not None
-        storage = storages[slot] = _from_fd(_received.fds[slot], size)
+        fd = _received.fds[slot]
+        if torch_shared and _from_torch_fd is not None:
+            storage = _from_torch_fd(fd, size)
+        else:
+            storage = _mapped(fd, size)
+        storages[slot] = storage
     return storage
 
 
@@ -529,6 +577,14 @@ def _rebuild_tensor(
     slot: int, size: int, dtype: torch.dtype, offset: int, shape: tuple, stride: tuple
 ) -> torch.Tensor:
     return torch.empty((0,), dtype=dtype).set_(_storage(slot, size), offset, shape, stride)
+
+
+def _rebuild_torch_shared(
+    slot: int, size: int, dtype: torch.dtype, offset: int, shape: tuple, stride: tuple
+) -> torch.Tensor:
+    """A tensor torch had shared, received as shared to torch too."""
+    storage = _storage(slot, size, torch_shared=True)
+    return torch.empty((0,), dtype=dtype).set_(storage, offset, shape, stride)
 
 
 def _rebuild_array(slot: int, size: int, dtype: Any, shape: tuple, nbytes: int) -> np.ndarray:
