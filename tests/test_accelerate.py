@@ -109,6 +109,25 @@ def test_batches_are_torchs_under_prepare(shuffle: bool) -> None:
     assert sorted(i for batch in results[1][0] for i in batch) == list(range(48))
 
 
+class Stream(tud.IterableDataset[int]):
+    def __iter__(self) -> Iterator[int]:
+        info = tud.get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        return iter(range(worker, 30, workers))
+
+
+def test_an_iterable_dataset_is_dispatched_as_torchs() -> None:
+    # accelerate dispatches an IterableDataset's batches from process 0.
+    results = []
+    for cls in (tud.DataLoader, minato.DataLoader):
+        prepared = accelerate.Accelerator(cpu=True).prepare(
+            cls(Stream(), batch_size=4, num_workers=2)
+        )
+        assert isinstance(prepared, cls)
+        results.append([batch.tolist() for batch in prepared])
+    assert results[0] == results[1]
+
+
 def _train(cls: type, accumulation: int = 1) -> tuple[list[float], list[bool]]:
     accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
     model = _tiny_model()
