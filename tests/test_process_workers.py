@@ -765,7 +765,7 @@ def test_auto_goes_back_to_threads_when_the_loop_runs_slower_on_processes() -> N
 
 
 @pytest.mark.parametrize("clear", [True, False])
-def test_a_clear_sign_moves_after_half_the_threads_arm(clear: bool) -> None:
+def test_a_clear_sign_moves_after_two_batches_on_threads(clear: bool) -> None:
     method = WorkerMethod("auto")
     now = 0.0
     method.batch_received(now)  # the first batch starts the intervals
@@ -781,8 +781,31 @@ def test_a_clear_sign_moves_after_half_the_threads_arm(clear: bool) -> None:
         if method.ready_for_processes():
             moved_at = now
             break
-    # 8 batches and half a second on threads, or a whole second.
-    assert moved_at == (0.5 if clear else 1.0)
+    # Two batch intervals on threads after a clear sign, else the whole
+    # arm: 8 batches and a second.
+    assert moved_at == (0.125 if clear else 1.0)
+
+
+def test_workers_plainly_serialised_by_the_gil_move_after_a_few_samples(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _Clock(0.0)
+    monkeypatch.setattr(_worker_method, "time", clock)
+    method = WorkerMethod("auto")
+    figures = {"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0}
+    method.observe(figures)
+    # 30 ms and 16 samples in, the two threads waited half their time.
+    clock.now = _worker_method.CLEAR_WINDOW_S
+    figures = {"samples_loaded": 16, "busy": 0.06, "gil_wait": 0.03, "cpu": 0.03}
+    assert method.observe(figures) == "move"
+    assert "waited for the GIL 50%" in method.reason
+    # A lesser share waits for the usual window.
+    other = WorkerMethod("auto")
+    clock.now = 0.0
+    other.observe({"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0})
+    clock.now = _worker_method.CLEAR_WINDOW_S
+    figures = {"samples_loaded": 16, "busy": 0.06, "gil_wait": 0.018, "cpu": 0.04}
+    assert other.observe(figures) != "move" and not other.decided
 
 
 class _Clock:

@@ -61,6 +61,11 @@ WORKER_METHODS = ("auto", "thread", "multiprocessing")
 
 # Workers that wait this share of their fetch time for the GIL are serialised by it.
 GIL_BOUND_SHARE = 0.2
+# Twice that is plain from the first samples (two threads taking turns wait
+# half their time): decided after CLEAR_WINDOW_S, not MIN_WINDOW_S, since
+# every batch more on threads is one the GIL slows.
+CLEAR_GIL_SHARE = 2 * GIL_BOUND_SHARE
+CLEAR_WINDOW_S = 0.03
 # A loop that waits this long on average to take the GIL back is slowed by
 # the workers: a GPU training step takes it back after every op it launches,
 # thousands a step, so a fraction of a millisecond each adds up (the trial
@@ -107,13 +112,15 @@ PROBE_INTERVAL_S = 0.01
 # and this many batches...
 TRIAL_MIN_S = 1.0
 TRIAL_MIN_BATCHES = 8
-# ...threads only a tenth as long after a clear sign (the workers' GIL
-# wait, or the loop's GIL delay past the bound): every batch more on them is
-# one the GIL slows, and there the trial only guards against processes much
-# slower. (A GIL-bound dataset's first epoch read 0.62-0.66x torch's
-# processes with half a second on threads, 0.76-0.77x with a tenth, as the
-# fork server now starts at once.)
-CLEAR_THREADS_MIN_S = 0.1
+# ...threads only over the batches they delivered by then, at least
+# CLEAR_THREADS_MIN_BATCHES, after a clear sign (the workers' GIL wait, or the
+# loop's GIL delay past the bound): every batch more on them is one the GIL
+# slows, and there the trial only guards against processes much slower
+# (fewer cores than workers). A GIL-bound dataset's first epoch read
+# 0.62-0.66x torch's processes with half a second on threads, 0.76-0.84x
+# with a tenth, 0.83-0.93x with none (benchmarks/RESULTS.md).
+CLEAR_THREADS_MIN_S = 0.0
+CLEAR_THREADS_MIN_BATCHES = 2
 # ...and processes keep the loader unless the loop ran this much slower on
 # them than on threads (they have been paid for: start-up, memory).
 TRIAL_TOLERANCE = 0.03
@@ -144,8 +151,8 @@ class _Arm:
     def complete(self) -> bool:
         return self.measured_for(TRIAL_MIN_S)
 
-    def measured_for(self, seconds: float) -> bool:
-        return self.intervals >= TRIAL_MIN_BATCHES and self.seconds >= seconds
+    def measured_for(self, seconds: float, batches: int = TRIAL_MIN_BATCHES) -> bool:
+        return self.intervals >= batches and self.seconds >= seconds
 
     @property
     def rate(self) -> float:
@@ -302,7 +309,9 @@ class WorkerMethod:
         if self.requested != "auto" or self._inherited or self._on_threads.complete:
             return True
         clear = self.wants_processes and not self._gain_wanted
-        return clear and self._on_threads.measured_for(CLEAR_THREADS_MIN_S)
+        return clear and self._on_threads.measured_for(
+            CLEAR_THREADS_MIN_S, CLEAR_THREADS_MIN_BATCHES
+        )
 
     @staticmethod
     def _window_of(figures: dict[str, float], waited: float) -> _Window:
@@ -377,6 +386,11 @@ class WorkerMethod:
                     "too little for a worker process's round trip to pay",
                 )
             return None
+        if elapsed >= CLEAR_WINDOW_S and samples >= MIN_SAMPLES and share >= CLEAR_GIL_SHARE:
+            return self._decide(
+                True,
+                f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
+            )
         if elapsed < MIN_WINDOW_S or samples < MIN_SAMPLES:
             leaning = share >= GIL_BOUND_SHARE / 2 or (
                 self._probes >= 2 and judged >= LOOP_DELAY_TRIAL_S
