@@ -179,8 +179,9 @@ def _pss_mb(pids: list[int]) -> float:
     return total / 1024
 
 
-def peak_tree_pss_mb(system: str, workers: int) -> float:
-    """Peak PSS of this process and its descendants while an epoch runs."""
+def peak_tree_pss_mb(system: str, workers: int) -> tuple[float, float]:
+    """Peak PSS of this process and its descendants while an epoch runs,
+    and the epoch's seconds (its workers' start included)."""
     dataset = Holds()
     loader = make(system, dataset, workers)
     peak = 0.0
@@ -198,13 +199,15 @@ def peak_tree_pss_mb(system: str, workers: int) -> float:
 
     sampler = threading.Thread(target=sample)
     sampler.start()
+    started = time.perf_counter()
     for _ in loader:
         pass
+    seconds = time.perf_counter() - started
     running = False
     sampler.join()
     del loader, dataset
     gc.collect()
-    return peak
+    return peak, seconds
 
 
 def main() -> None:
@@ -214,10 +217,14 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--only", choices=["throughput", "first-batch", "memory"], action="append")
     parser.add_argument("--memory-of", nargs=2, help=argparse.SUPPRESS)
+    # Worker processes get the dataset's arrays copied, not inherited (A/B).
+    parser.add_argument("--copy-arrays", action="store_true")
     args = parser.parse_args()
     if args.memory_of:
+        if args.copy_arrays:
+            minato._process.inherit.MIN_BYTES = 1 << 62
         system, workers = args.memory_of
-        print(peak_tree_pss_mb(system, int(workers)))
+        print(*peak_tree_pss_mb(system, int(workers)))
         return
     only = set(args.only or ["throughput", "first-batch", "memory"])
     warnings.filterwarnings("ignore", message="This DataLoader will create")
@@ -235,7 +242,7 @@ def main() -> None:
     if "first-batch" in only:
         first_batch_section(args)
     if "memory" in only:
-        memory_section()
+        memory_section(args.copy_arrays)
 
 
 def throughput_section(args: argparse.Namespace, systems: list[str], work: int) -> None:
@@ -276,27 +283,32 @@ def first_batch_section(args: argparse.Namespace) -> None:
         )
 
 
-def memory_section() -> None:
+def memory_section(copy_arrays: bool = False) -> None:
     # Each system in a fresh interpreter: in one process, a later system's
     # peak would count what earlier ones left (the fork server, freed memory
     # the allocator kept).
-    print("\npeak PSS of the process tree, dataset holding 256 MB (MB), each in a fresh process")
+    print(
+        "\npeak PSS of the process tree, dataset holding 256 MB (MB), and the epoch's seconds, "
+        "each in a fresh process" + (" (arrays copied to worker processes)" if copy_arrays else "")
+    )
     for workers in (2, 8):
-        peaks = {
-            system: float(
-                subprocess.run(
-                    [sys.executable, __file__, "--memory-of", system, str(workers)],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                    timeout=600,
-                ).stdout.split()[-1]
-            )
-            for system in ("torch", "minato default", "minato processes", "minato threads")
-        }
+        rows = {}
+        for system in ("torch", "minato default", "minato processes", "minato threads"):
+            command = [sys.executable, __file__, "--memory-of", system, str(workers)]
+            output = subprocess.run(
+                command + (["--copy-arrays"] if copy_arrays else []),
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=600,
+            ).stdout.split()
+            rows[system] = (float(output[-2]), float(output[-1]))
         print(
             f"  {workers} workers: "
-            + "   ".join(f"{system} {peak:,.0f}" for system, peak in peaks.items())
+            + "   ".join(
+                f"{system} {peak:,.0f} ({seconds:.2f} s)"
+                for system, (peak, seconds) in rows.items()
+            )
         )
 
 

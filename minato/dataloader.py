@@ -299,7 +299,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if num_workers > 0 and self._worker_method.may_use_processes:
             # The fork server, forked from this process now, while no worker
             # of this loader runs: ready before the first samples need it.
-            warm_up()
+            warm_up(dataset=dataset)
         accelerate_hooks.register(self)
 
     def __getstate__(self) -> dict[str, Any]:

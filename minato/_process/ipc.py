@@ -43,6 +43,7 @@ import torch
 import torch.multiprocessing
 
 from minato._minato import ArenaPool, ArenaWriter, SlotLeaf, SlotMap, SlotRing, Wire
+from minato._process import inherit
 
 # Below this, pickling the bytes costs less than a shared-memory mapping.
 SHARE_MIN_BYTES = 64 * 1024
@@ -189,10 +190,17 @@ class _SharingPickler(cloudpickle.Pickler):
     never imports the training script), with large payloads shared."""
 
     def __init__(
-        self, file: io.BytesIO, ring: SlotRing | None = None, writer: ArenaWriter | None = None
+        self,
+        file: io.BytesIO,
+        ring: SlotRing | None = None,
+        writer: ArenaWriter | None = None,
+        inherits: bool = False,
     ) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.share = _can_share()
+        # A spec for worker processes of this process's fork server: arrays
+        # they find unchanged in its memory go as keys (minato._process.inherit).
+        self.inherits = inherits
         self.fds: list[int] = []
         self.keep: list[Any] = []
         self.slots: dict[int, int] = {}
@@ -311,6 +319,10 @@ class _SharingPickler(cloudpickle.Pickler):
             self.fds.append(obj.fd)  # the pool keeps it open until sent
             args = (len(self.fds) - 1, obj.arena, obj.size, obj.places, obj.leaf_bytes)
             return _map_arena, args
+        if self.inherits and kind in (torch.Tensor, np.ndarray):
+            key = inherit.key_of(obj)
+            if key is not None:
+                return inherit.inherited, (key,)
         # Exact types: subclasses (nn.Parameter, masked arrays) keep their own pickling.
         if type(obj) is torch.Tensor and _plain_tensor(obj):
             # A tensor already in shared memory stays shared, however small:
@@ -534,12 +546,18 @@ def _fork_context_message(error: RuntimeError) -> str | None:
     )
 
 
-def dumps(obj: Any, ring: SlotRing | None = None, writer: ArenaWriter | None = None) -> Payload:
+def dumps(
+    obj: Any,
+    ring: SlotRing | None = None,
+    writer: ArenaWriter | None = None,
+    inherit: bool = False,
+) -> Payload:
     """`obj` pickled, its large payloads shared; into `ring`'s slots where
     they fit, or the places `writer`'s arenas lent them (a worker process's
-    results)."""
+    results). With `inherit` (a worker's spec), the large arrays the fork
+    server's memory holds unchanged go as references to it."""
     buffer = io.BytesIO()
-    pickler = _SharingPickler(buffer, ring, writer)
+    pickler = _SharingPickler(buffer, ring, writer, inherit)
     if _set_spawning_popen is not None:
         _set_spawning_popen(_StartingWorker(pickler))
     try:

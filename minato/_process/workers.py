@@ -61,6 +61,7 @@ from typing import Any
 from torch._utils import ExceptionWrapper
 
 from minato._minato import ArenaPool, SlotMap, Wire, WireError
+from minato._process import inherit
 from minato._process import ipc as _ipc
 from minato._process import zygote as _zygote
 from minato._process.method import WorkerMethod
@@ -110,6 +111,7 @@ def _fork_server(theirs: socket.socket) -> _ForkedServer:
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
     if pid:
+        inherit.server_forked()
         return _ForkedServer(pid)
     try:
         # The parent's Python signal handlers (a trainer's SIGTERM checkpoint,
@@ -226,15 +228,19 @@ def _zygote_now() -> _Zygote:
         return zygote
 
 
-def warm_up(modules: list[str] | None = None) -> None:
+def warm_up(modules: list[str] | None = None, dataset: Any = None) -> None:
     """Starts the fork server, and has it import `modules` (the dataset's)
     in the background, so that worker processes, when wanted, start in
-    milliseconds. Forked, the server starts here, in the calling thread (a
-    fork takes milliseconds, and the caller knows what its threads do:
-    another thread's import half done would be half done in every worker);
+    milliseconds; `dataset`'s large arrays are registered first, for its
+    workers to take from the server's memory (minato._process.inherit).
+    Forked, the server starts here, in the calling thread (a fork takes
+    milliseconds, and the caller knows what its threads do: another
+    thread's import half done would be half done in every worker);
     a fresh interpreter (``MINATO_FORK_SERVER=exec``) starts in the
     background. Asking again for modules already asked for does nothing."""
     global _warming_in
+    if dataset is not None:
+        inherit.register(dataset)
     wanted = set(modules or ())
     with _zygote_start_lock:
         if _warming_in == os.getpid() and wanted <= _warming_modules:
@@ -420,7 +426,7 @@ class ProcessWorkers:
         with self._lock:
             if self._payload is None:
                 try:
-                    payload = _ipc.dumps(self.child_spec)
+                    payload = _ipc.dumps(self.child_spec, inherit=True)
                 except Exception as error:
                     error.add_note(
                         "(minato: worker processes get the dataset, collate_fn and "

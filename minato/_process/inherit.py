@@ -1,0 +1,160 @@
+"""A dataset's large arrays, taken by worker processes from the memory the
+fork server inherited, where the training process has not changed them.
+
+torch's worker processes are forked from the training process: they share
+its pages copy-on-write, a dataset's arrays included. minato's come from its
+fork server, itself forked from the training process when the first loader
+that may use processes is built (minato._process.workers), and get the
+dataset pickled. Its large arrays would be copied into shared memory once
+more: the process tree would hold them twice.
+
+So, just before the server is forked, the large numpy arrays and CPU tensors
+a loader's dataset holds are registered here (`register`); the server and
+every worker forked from it inherit the registry with the rest of the memory.
+When the loader later pickles its dataset for its workers, such an array is
+sent as its registry key (`key_of`), and the worker takes the inherited
+object (`inherited`), if the training process's copy is provably what the
+server inherited:
+
+- it is the very object registered (the registry keeps it alive: its
+  address cannot have been reused);
+- the process has not forked since the server was forked (a later fork would
+  share pages the server never had, see below);
+- every page of its memory is either still shared (present and not
+  exclusively mapped: ``/proc/self/pagemap``, bit 56), so never written since
+  the fork, which would have copied it, or never touched (neither present nor
+  swapped: zero on both sides).
+
+Anything else (an array changed in place, swapped out, a kernel without
+pagemap, a fork server started as a fresh interpreter) is copied, as before.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+# Arrays smaller than this are pickled as before.
+MIN_BYTES = 1 << 20
+# Objects looked at per dataset while registering (its attributes, the items
+# of its lists, tuples and dicts, breadth first): enough to reach the arrays
+# a dataset keeps (TensorDataset.tensors, Subset.dataset, self.data), and
+# never a walk of a list of a million file names.
+WALK_BUDGET = 2000
+
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # numpy 1
+    byte_bounds = np.byte_bounds  # type: ignore[attr-defined]
+
+_PRESENT = np.uint64(1 << 63)
+_SWAPPED = np.uint64(1 << 62)
+_EXCLUSIVE = np.uint64(1 << 56)
+
+_lock = threading.Lock()
+# id(object) -> (object, forks counted when it was registered).
+_registry: dict[int, tuple[Any, int]] = {}
+# Forks of this process, and their count just after the fork server's.
+_forks = 0
+_server_forked_at: int | None = None
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_parent=_count_fork)
+
+
+def _memory_of(obj: Any) -> tuple[int, int] | None:
+    """The address range of a large array's or CPU tensor's memory."""
+    if type(obj) is np.ndarray and obj.nbytes >= MIN_BYTES:
+        low, high = byte_bounds(obj)
+        return int(low), int(high)
+    if type(obj) is torch.Tensor and obj.device.type == "cpu" and obj.nbytes >= MIN_BYTES:
+        storage = obj.untyped_storage()
+        start = storage.data_ptr()
+        return start, start + storage.nbytes()
+    return None
+
+
+def _large_arrays(root: Any) -> list[Any]:
+    found: list[Any] = []
+    seen: set[int] = set()
+    queue = [root]
+    while queue and len(seen) < WALK_BUDGET:
+        obj = queue.pop(0)
+        if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+            continue
+        seen.add(id(obj))
+        if _memory_of(obj) is not None:
+            found.append(obj)
+        elif isinstance(obj, (list, tuple)):
+            queue.extend(obj[:WALK_BUDGET])
+        elif isinstance(obj, dict):
+            queue.extend(list(obj.values())[:WALK_BUDGET])
+        elif not isinstance(obj, (np.ndarray, torch.Tensor, type)):
+            queue.extend(getattr(obj, "__dict__", {}).values())
+    return found
+
+
+def register(dataset: Any) -> None:
+    """Call just before the fork server is forked: the dataset's large
+    arrays become ones its workers may take from inherited memory."""
+    arrays = _large_arrays(dataset)
+    with _lock:
+        for array in arrays:
+            _registry.setdefault(id(array), (array, _forks))
+
+
+def server_forked() -> None:
+    """Call in the training process right after forking the fork server."""
+    global _server_forked_at
+    _server_forked_at = _forks
+
+
+def _pages_unchanged(start: int, end: int) -> bool:
+    page = mmap.PAGESIZE
+    first, last = start // page, (end - 1) // page
+    try:
+        with open("/proc/self/pagemap", "rb", buffering=0) as pagemap:
+            pagemap.seek(first * 8)
+            data = pagemap.read((last - first + 1) * 8)
+    except OSError:
+        return False
+    if len(data) != (last - first + 1) * 8:
+        return False
+    entries = np.frombuffer(data, dtype=np.uint64)
+    present = (entries & _PRESENT) != 0
+    if np.any((entries & _SWAPPED) != 0):
+        return False
+    return not np.any(present & ((entries & _EXCLUSIVE) != 0))
+
+
+def key_of(obj: Any) -> int | None:
+    """The registry key a worker process finds `obj` under, unchanged, in
+    the memory its fork server inherited; None where it must be copied."""
+    entry = _registry.get(id(obj))
+    if entry is None or entry[0] is not obj:
+        return None
+    forked_at = _server_forked_at
+    if forked_at is None or _forks != forked_at or entry[1] >= forked_at:
+        return None
+    memory = _memory_of(obj)
+    if memory is None or not _pages_unchanged(*memory):
+        return None
+    return id(obj)
+
+
+def inherited(key: int) -> Any:
+    """In a worker process: the object registered under `key`."""
+    entry = _registry.get(key)
+    if entry is None:
+        raise RuntimeError("minato: a dataset array was not found in the fork server's memory")
+    return entry[0]

@@ -1,0 +1,96 @@
+"""Worker processes take a dataset's large arrays from the memory their fork
+server inherited, where the training process has not changed them since
+(minato._process.inherit, issue 31): no second copy in shared memory, and
+never a stale array. Each case runs in a fresh interpreter, whose first
+loader forks the fork server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+PRELUDE = """
+import os
+import numpy as np, torch, torch.utils.data as tud
+import minato
+from minato._process import inherit, ipc
+
+class Rows(tud.Dataset):
+    def __init__(self):
+        self.data = np.arange(1 << 20, dtype=np.int64).reshape(-1, 512)  # 8 MiB
+        self.labels = torch.arange(len(self.data)).repeat_interleave(256)  # 8 MiB
+    def __len__(self):
+        return len(self.data)
+    def __getitem__(self, index):
+        return int(self.data[index, 0]), int(self.labels[index * 256])
+
+def firsts(loader):
+    return [value for rows, _ in loader for value in rows.tolist()]
+
+dataset = Rows()
+loader = minato.DataLoader(dataset, batch_size=64, num_workers=2, worker_method="multiprocessing")
+"""
+
+
+def run(body: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", PRELUDE + body],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd="/",
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_unchanged_arrays_are_taken_from_the_fork_servers_memory() -> None:
+    out = run("""
+assert inherit.key_of(dataset.data) is not None
+assert inherit.key_of(dataset.labels) is not None
+payload = ipc.dumps(dataset, inherit=True)
+assert not payload.fds and len(payload.data) < 10_000, (len(payload.fds), len(payload.data))
+assert firsts(loader) == [int(row[0]) for row in dataset.data]
+print("ok")
+""")
+    assert out.strip() == "ok"
+
+
+def test_an_array_changed_in_place_since_is_copied() -> None:
+    out = run("""
+dataset.data[100, 0] = -7  # after the fork server was forked
+assert inherit.key_of(dataset.data) is None
+assert inherit.key_of(dataset.labels) is not None
+assert ipc.dumps(dataset, inherit=True).fds  # the changed one, in shared memory
+assert firsts(loader)[100] == -7  # what the workers see is what the loop has
+print("ok")
+""")
+    assert out.strip() == "ok"
+
+
+def test_after_another_fork_nothing_is_taken_from_inherited_memory() -> None:
+    out = run("""
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+assert inherit.key_of(dataset.data) is None and inherit.key_of(dataset.labels) is None
+assert firsts(loader) == [int(row[0]) for row in dataset.data]
+print("ok")
+""")
+    assert out.strip() == "ok"
+
+
+def test_arrays_made_after_the_fork_server_are_copied() -> None:
+    out = run("""
+dataset.data = dataset.data + 1  # a new array, which the fork server never had
+later = minato.DataLoader(dataset, batch_size=64, num_workers=2, worker_method="multiprocessing")
+assert inherit.key_of(dataset.data) is None
+assert firsts(later) == [int(row[0]) + 0 for row in dataset.data]
+print("ok")
+""")
+    assert out.strip() == "ok"
