@@ -266,3 +266,20 @@ def test_two_processes_get_disjoint_shards_covering_the_dataset(tmp_path: Path) 
         assert record["minato_batches"] == record["torch_batches"]
     seen = [i for record in ranks for batch in record["minato_batches"] for i in batch]
     assert sorted(seen) == list(range(40))
+
+
+def test_an_accelerate_that_changed_is_left_alone_with_a_warning() -> None:
+    import types
+    import warnings
+
+    from minato._integrations import accelerate as hooks
+    from minato._util import warn_once
+
+    changed = types.ModuleType("accelerate_changed")
+    changed.DataLoader = object  # no longer torch's class
+    warn_once._warned.discard("accelerate-data-loader")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hooks._hook_data_loader(changed)
+    assert changed.DataLoader is object
+    assert any("no longer builds torch's DataLoader" in str(w.message) for w in caught)
