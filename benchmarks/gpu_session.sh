@@ -4,6 +4,12 @@
 # wheels carried in .gpu/new/ and .gpu/old/ (abi3, built on the development
 # machine) under /tmp/new and /tmp/old, and runs the tests on the GPU and
 # the benchmarks, new and old back to back. Output is tee'd to $OUT.
+# tests/gpu/test_accelerate_gpu.py needs accelerate, which the GPU machine
+# lacks (no network): carry its wheels in .gpu/extra/, fetched here with
+#   pip download accelerate==1.15.0 --dest .gpu/extra --only-binary=:all: \
+#       --python-version 3.12 --platform manylinux2014_x86_64 --no-deps
+#   (and the same for huggingface_hub, safetensors, psutil, pyyaml, filelock,
+#   fsspec, tqdm, httpx, hf-xet and their dependencies)
 #
 #   bash benchmarks/gpu_session.sh [tests] [train] [digest] [scaling] [manycore] [neighbour]
 set -u
@@ -14,8 +20,11 @@ cd "$(dirname "$0")/.."
 if [ ! -d /tmp/new/minato ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/new .gpu/new/*.whl
     [ -d .gpu/old ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/old .gpu/old/*.whl
+    [ -d .gpu/extra ] && python3 -m pip install -q --no-index --find-links .gpu/extra \
+        --target /tmp/extra accelerate
 fi
-export PYTHONPATH=/tmp/new
+export PYTHONPATH=/tmp/new${PYTHONPATH:+:$PYTHONPATH}
+[ -d /tmp/extra ] && export PYTHONPATH=$PYTHONPATH:/tmp/extra
 cp /tmp/new/minato/_minato*.so minato/
 step() { local t=$1; shift; echo "=== [$(date +%T)] $*"; timeout "$t" "$@"; echo "--- rc $? [$(date +%T)]"; }
 parts="${*:-tests train digest scaling manycore neighbour}"
