@@ -23,7 +23,7 @@ if [ ! -d /tmp/new/minato ]; then
     [ -d .gpu/extra ] && python3 -m pip install -q --no-index --find-links .gpu/extra \
         --target /tmp/extra accelerate
 fi
-export PYTHONPATH=/tmp/new${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=/tmp/new
 [ -d /tmp/extra ] && export PYTHONPATH=$PYTHONPATH:/tmp/extra
 cp /tmp/new/minato/_minato*.so minato/
 step() { local t=$1; shift; echo "=== [$(date +%T)] $*"; timeout "$t" "$@"; echo "--- rc $? [$(date +%T)]"; }
