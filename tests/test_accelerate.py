@@ -283,3 +283,21 @@ def test_an_accelerate_that_changed_is_left_alone_with_a_warning() -> None:
         hooks._hook_data_loader(changed)
     assert changed.DataLoader is object
     assert any("no longer builds torch's DataLoader" in str(w.message) for w in caught)
+
+
+def test_a_prepared_loader_on_a_gpu_is_given_accelerates_device() -> None:
+    # Without a GPU here: the wiring only (tests/gpu/test_accelerate_gpu.py
+    # iterates it on one). accelerate's wrapper holds the device it places
+    # batches on; minato's loader takes it, for its side-stream prefetch.
+    from minato._integrations import accelerate as hooks
+
+    prepared = accelerate.Accelerator(cpu=True).prepare(_loader(minato.DataLoader))
+    prepared.device = torch.device("cuda", 0)
+    hooks.adopt(prepared)
+    assert prepared.base_dataloader.device == torch.device("cuda", 0)
+    assert prepared.use_stateful_dataloader is True
+    # A device of the loader's own is kept.
+    own = accelerate.Accelerator(cpu=True).prepare(_loader(minato.DataLoader, device="cpu"))
+    own.device = torch.device("cuda", 0)
+    hooks.adopt(own)
+    assert own.base_dataloader.device == "cpu"
