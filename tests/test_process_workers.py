@@ -1268,3 +1268,46 @@ def test_a_dataset_larger_than_a_socket_message_reaches_every_worker_whole() -> 
     # Its shared copy goes with the loader's engine.
     assert wait_until(lambda: not _spills_open()), _spills_open()
     assert wait_until(lambda: not workers_of_this_process())
+
+
+def _run_loop(method: WorkerMethod, clock: _Clock, waited: float, batches: int = 40) -> list:
+    """A batch every 50 ms after waiting `waited` for it; 16 samples of
+    5.6 ms each on a CPU half the time, the GIL free."""
+    figures = {"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0}
+    method.observe(figures)
+    verdicts = []
+    for batch in range(1, batches):
+        clock.now = batch * 0.05
+        verdicts.append(method.batch_received(clock.now, waited))
+        busy = 0.09 * batch
+        figures = {"samples_loaded": 16 * batch, "busy": busy, "gil_wait": 0.0, "cpu": busy / 2}
+        verdicts.append(method.observe(figures))
+        if method.decided:
+            break
+    return verdicts
+
+
+class _SomeDataset:
+    pass
+
+
+@pytest.mark.parametrize("loop_sets_the_pace", [True, False])
+def test_threads_decided_for_an_earlier_loader_are_judged_again_by_this_loop(
+    monkeypatch: pytest.MonkeyPatch, loop_sets_the_pace: bool
+) -> None:
+    clock = _Clock(0.0)
+    monkeypatch.setattr(_worker_method, "time", clock)
+    _worker_method._decided_for[_SomeDataset] = (False, "auto: threads, as measured")
+    method = WorkerMethod("auto", _SomeDataset)
+    assert not method.decided and "earlier loader" in method.reason
+    # A loop that waits for no batch sets the pace; one that waits half its
+    # time does not.
+    verdicts = _run_loop(method, clock, waited=0.001 if loop_sets_the_pace else 0.025)
+    assert method.decided
+    if loop_sets_the_pace:
+        assert "move" in verdicts and method.wants_processes
+        assert "where an earlier loader of this dataset kept threads" in method.reason
+        assert method._gain_wanted  # kept only if the trial shows a gain
+    else:
+        assert "move" not in verdicts and not method.wants_processes
+        assert method.reason.startswith("auto: threads, as measured; decided for an earlier")

@@ -212,13 +212,22 @@ class WorkerMethod:
         self._kind = kind
         # Decided for an earlier loader: processes at once, without a trial.
         self._inherited = False
+        # Threads decided for an earlier loader: this one keeps them unless
+        # its own training loop shows what that loader's did not (it sets the
+        # pace, or waits to take the GIL back), and a trial shows a gain.
+        self._threads_inherited = False
+        self._inherited_why = ""
         if requested == "auto" and not gil_enabled():
             self.decided = True
             self.reason = "auto: free-threaded Python, threads run in parallel"
         elif requested == "auto" and kind is not None and kind in _decided_for:
-            self.decided = self._inherited = True
-            self.wants_processes, why = _decided_for[kind]
+            wants_processes, why = _decided_for[kind]
+            self._inherited_why = why
             self.reason = f"{why}; decided for an earlier loader of {kind.__name__}"
+            if wants_processes:
+                self.decided = self._inherited = self.wants_processes = True
+            else:
+                self._threads_inherited = True
         self._window: _Window | None = None
         self._worth_probing = False
         self._probe_total = 0.0
@@ -386,6 +395,8 @@ class WorkerMethod:
                     "too little for a worker process's round trip to pay",
                 )
             return None
+        if self._threads_inherited:
+            return self._judge_loop(elapsed, samples, loop_bound, judged, can_trial)
         if elapsed >= CLEAR_WINDOW_S and samples >= MIN_SAMPLES and share >= CLEAR_GIL_SHARE:
             return self._decide(
                 True,
@@ -446,8 +457,34 @@ class WorkerMethod:
         )
         return None
 
+    def _judge_loop(
+        self, elapsed: float, samples: int, loop_bound: bool, judged: float, can_trial: bool
+    ) -> str | None:
+        """With threads decided for an earlier loader: only this loop's own
+        signs count, and a trial must show processes faster."""
+        if elapsed < MIN_WINDOW_S or samples < MIN_SAMPLES:
+            return "warm" if loop_bound else None
+        delayed = self._probes >= MIN_PROBES and judged >= LOOP_DELAY_TRIAL_S
+        if can_trial and (loop_bound or delayed):
+            self._gain_wanted = True
+            why = (
+                "the training loop sets the pace"
+                if loop_bound
+                else f"the training loop waited {judged * 1e3:.2f} ms on average to take "
+                "the GIL back"
+            )
+            return self._decide(
+                True, f"auto: {why}, where an earlier loader of this dataset kept threads"
+            )
+        if elapsed >= DECIDE_AFTER_S:
+            reason = self.reason
+            self._decide(False, self._inherited_why)
+            self.reason = reason
+        return None
+
     def _decide(self, processes: bool, reason: str) -> str | None:
         self.decided = True
+        self._threads_inherited = False
         self.wants_processes = processes
         self.reason = reason
         if processes:
