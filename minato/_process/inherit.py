@@ -31,9 +31,11 @@ pagemap, a fork server started as a fresh interpreter) is copied, as before.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import threading
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -87,18 +89,18 @@ def _memory_of(obj: Any) -> tuple[int, int] | None:
 def _large_arrays(root: Any) -> list[Any]:
     found: list[Any] = []
     seen: set[int] = set()
-    queue = [root]
+    queue = deque([root])
     while queue and len(seen) < WALK_BUDGET:
-        obj = queue.pop(0)
+        obj = queue.popleft()
         if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
             continue
         seen.add(id(obj))
         if _memory_of(obj) is not None:
             found.append(obj)
         elif isinstance(obj, (list, tuple)):
-            queue.extend(obj[:WALK_BUDGET])
+            queue.extend(itertools.islice(obj, WALK_BUDGET))
         elif isinstance(obj, dict):
-            queue.extend(list(obj.values())[:WALK_BUDGET])
+            queue.extend(itertools.islice(obj.values(), WALK_BUDGET))
         elif not isinstance(obj, (np.ndarray, torch.Tensor, type)):
             queue.extend(getattr(obj, "__dict__", {}).values())
     return found
