@@ -94,3 +94,17 @@ assert firsts(later) == [int(row[0]) + 0 for row in dataset.data]
 print("ok")
 """)
     assert out.strip() == "ok"
+
+
+def test_the_registry_does_not_keep_arrays_alive() -> None:
+    out = run("""
+import gc, weakref
+assert inherit.key_of(dataset.data) is not None
+gone = weakref.ref(dataset.data)
+del loader
+dataset.data = None
+gc.collect()
+assert gone() is None and not any(ref() is None for ref, _ in inherit._registry.values())
+print("ok")
+""")
+    assert out.strip() == "ok"

@@ -16,8 +16,9 @@ sent as its registry key (`key_of`), and the worker takes the inherited
 object (`inherited`), if the training process's copy is provably what the
 server inherited:
 
-- it is the very object registered (the registry keeps it alive: its
-  address cannot have been reused);
+- it is the very object registered (the registry holds a weak reference,
+  dropped with the object: a later object at the same address is not
+  found);
 - the process has not forked since the server was forked (a later fork would
   share pages the server never had, see below);
 - every page of its memory is either still shared (present and not
@@ -35,6 +36,7 @@ import itertools
 import mmap
 import os
 import threading
+import weakref
 from collections import deque
 from typing import Any
 
@@ -59,8 +61,8 @@ _SWAPPED = np.uint64(1 << 62)
 _EXCLUSIVE = np.uint64(1 << 56)
 
 _lock = threading.Lock()
-# id(object) -> (object, forks counted when it was registered).
-_registry: dict[int, tuple[Any, int]] = {}
+# id(object) -> (a weak reference to it, forks counted when it was registered).
+_registry: dict[int, tuple[weakref.ref[Any], int]] = {}
 # Forks of this process, and their count just after the fork server's.
 _forks = 0
 _server_forked_at: int | None = None
@@ -112,7 +114,20 @@ def register(dataset: Any) -> None:
     arrays = _large_arrays(dataset)
     with _lock:
         for array in arrays:
-            _registry.setdefault(id(array), (array, _forks))
+            key = id(array)
+            entry = _registry.get(key)
+            if entry is None or entry[0]() is not array:
+                _registry[key] = (weakref.ref(array, _forget(key)), _forks)
+
+
+def _forget(key: int) -> Any:
+    def forget(reference: weakref.ref[Any]) -> None:
+        with _lock:
+            entry = _registry.get(key)
+            if entry is not None and entry[0] is reference:
+                del _registry[key]
+
+    return forget
 
 
 def server_forked() -> None:
@@ -143,7 +158,7 @@ def key_of(obj: Any) -> int | None:
     """The registry key a worker process finds `obj` under, unchanged, in
     the memory its fork server inherited; None where it must be copied."""
     entry = _registry.get(id(obj))
-    if entry is None or entry[0] is not obj:
+    if entry is None or entry[0]() is not obj:
         return None
     forked_at = _server_forked_at
     if forked_at is None or _forks != forked_at or entry[1] >= forked_at:
@@ -157,6 +172,7 @@ def key_of(obj: Any) -> int | None:
 def inherited(key: int) -> Any:
     """In a worker process: the object registered under `key`."""
     entry = _registry.get(key)
-    if entry is None:
+    found = None if entry is None else entry[0]()
+    if found is None:
         raise RuntimeError("minato: a dataset array was not found in the fork server's memory")
-    return entry[0]
+    return found
