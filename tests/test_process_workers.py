@@ -1162,12 +1162,21 @@ def test_a_later_loader_over_the_same_dataset_type_starts_from_the_decision() ->
     # The trial's verdict (processes, unless a loaded machine slowed them).
     assert "on them against" in decided.worker_method_reason, decided.worker_method_reason
     # A second loader (an evaluation loader, say) starts from it: on
-    # processes as soon as its workers can, no thread phase, no trial.
+    # processes as soon as its workers can, no thread phase, no trial. (A
+    # threads verdict is only provisional: the second loader's own loop may
+    # still start a trial.)
     second = minato.DataLoader(PurePython(), batch_size=8, num_workers=2)
     assert indices(second) == list(range(4000))
     stats = second.stats()
-    assert stats.worker_method == decided.worker_method, stats.worker_method_reason
-    assert "decided for an earlier loader of PurePython" in stats.worker_method_reason
+    if decided.worker_method == "multiprocessing":
+        assert stats.worker_method == "multiprocessing", stats.worker_method_reason
+        assert "decided for an earlier loader of PurePython" in stats.worker_method_reason
+    else:
+        reason = stats.worker_method_reason
+        assert (
+            "decided for an earlier loader of PurePython" in reason
+            or "where an earlier loader of this dataset kept threads" in reason
+        ), reason
     # Another dataset type decides for itself.
     other = minato.DataLoader(Sleeps(), batch_size=8, num_workers=2)
     assert "earlier loader" not in (other.stats().worker_method_reason or "")
