@@ -195,6 +195,8 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(10));
             }
             computing.push(site.is_computing());
+            // What the kernel said of the spinning process, should it fail.
+            let spinning_stat = std::fs::read_to_string(format!("/proc/{}/stat", spinning.id()));
             assert!(computes_in(Some(sleeping.id())));
             std::thread::sleep(Duration::from_millis(50));
             computing.push(site.is_computing());
@@ -205,11 +207,13 @@ mod tests {
             // Back on its own thread, which is running right now.
             assert!(computes_in(None));
             computing.push(site.is_computing());
-            computing
+            (computing, spinning_stat)
         });
+        let (computing, spinning_stat) = sites.join().unwrap();
         assert_eq!(
-            sites.join().unwrap(),
-            vec![Some(true), Some(false), Some(true)]
+            computing,
+            vec![Some(true), Some(false), Some(true)],
+            "the spinning process's stat: {spinning_stat:?}"
         );
     }
 }
