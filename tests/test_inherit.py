@@ -36,9 +36,9 @@ loader = minato.DataLoader(dataset, batch_size=64, num_workers=2, worker_method=
 """
 
 
-def run(body: str) -> str:
+def run(body: str, prelude: str = PRELUDE) -> str:
     result = subprocess.run(
-        [sys.executable, "-c", PRELUDE + body],
+        [sys.executable, "-c", prelude + body],
         capture_output=True,
         text=True,
         timeout=100,
@@ -107,4 +107,31 @@ gc.collect()
 assert gone() is None and not any(ref() is None for ref, _ in inherit._registry.values())
 print("ok")
 """)
+    assert out.strip() == "ok"
+
+
+def test_a_list_of_bytes_is_inherited_unless_its_items_changed() -> None:
+    imports = "import torch.utils.data as tud\nimport minato\nfrom minato._process import ipc\n"
+    out = run(
+        """
+class Blobs(tud.Dataset):
+    def __init__(self):
+        self.images = [bytes([i]) * 100_000 for i in range(40)]  # 4 MB in all
+        self.names = tuple(f"image{i}.jpg" for i in range(40))
+    def __len__(self):
+        return len(self.images)
+    def __getitem__(self, index):
+        return self.images[index][0], len(self.images[index])
+
+blobs = Blobs()
+blob_loader = minato.DataLoader(blobs, batch_size=4, num_workers=2, worker_method="multiprocessing")
+assert len(ipc.dumps(blobs, inherit=True).data) < 10_000  # the list went by reference
+blobs.images[3] = b"changed"  # after the fork server was forked
+assert len(ipc.dumps(blobs, inherit=True).data) > 3_000_000  # pickled, as before
+firsts, lengths = zip(*[(f, n) for a, b in blob_loader for f, n in zip(a.tolist(), b.tolist())])
+assert firsts[3] == ord("c") and lengths[3] == 7 and lengths[4] == 100_000
+print("ok")
+""",
+        prelude=imports,
+    )
     assert out.strip() == "ok"

@@ -1,5 +1,6 @@
-"""A dataset's large arrays, taken by worker processes from the memory the
-fork server inherited, where the training process has not changed them.
+"""A dataset's large arrays (and lists of bytes or strings), taken by worker
+processes from the memory the fork server inherited, where the training
+process has not changed them.
 
 torch's worker processes are forked from the training process: they share
 its pages copy-on-write, a dataset's arrays included. minato's come from its
@@ -28,12 +29,22 @@ server inherited:
 
 Anything else (an array changed in place, swapped out, a kernel without
 pagemap, a fork server started as a fresh interpreter) is copied, as before.
+
+A dataset attribute that is a list (or tuple) of bytes, strings or numbers,
+large in all (JPEGs held in memory, a million file names), goes the same
+way: its items cannot change, so the list is unchanged where it holds the
+very items it held when registered (a snapshot of them is kept). Python's
+pickler does not consult ``reducer_override`` for a list, so the substitution
+happens in the reduction of the object that holds it (`owner_reduction`).
+The registry holds such a list strongly (a list takes no weak reference):
+its memory is the fork server's too, which keeps it as long.
 """
 
 from __future__ import annotations
 
 import itertools
 import mmap
+import operator
 import os
 import threading
 import weakref
@@ -63,6 +74,14 @@ _EXCLUSIVE = np.uint64(1 << 56)
 _lock = threading.Lock()
 # id(object) -> (a weak reference to it, forks counted when it was registered).
 _registry: dict[int, tuple[weakref.ref[Any], int]] = {}
+# id(list) -> (the list, a snapshot of its items, forks counted when registered).
+_lists: dict[int, tuple[Any, tuple[Any, ...], int]] = {}
+# id(object) -> (a weak reference to it, the names of its registered lists).
+_owners: dict[int, tuple[weakref.ref[Any], frozenset[str]]] = {}
+# The scalar items a registered list may hold (or hold in tuples).
+_SCALARS = (bytes, str, int, float, bool, type(None))
+# Lists longer than this are not checked item by item at registration.
+MAX_LIST_ITEMS = 10_000_000
 # Forks of this process, and their count just after the fork server's.
 _forks = 0
 _server_forked_at: int | None = None
@@ -88,7 +107,40 @@ def _memory_of(obj: Any) -> tuple[int, int] | None:
     return None
 
 
-def _large_arrays(root: Any) -> list[Any]:
+def _list_bytes(items: Any) -> int:
+    """The bytes a list or tuple of scalars (or of tuples of scalars) holds,
+    or -1 where it holds anything else."""
+    if len(items) > MAX_LIST_ITEMS:
+        return -1
+    total = 0
+    for item in items:
+        kind = type(item)
+        if kind is bytes or kind is str:
+            total += len(item)
+        elif kind is tuple:
+            for inner in item:
+                if type(inner) not in _SCALARS:
+                    return -1
+                if type(inner) in (bytes, str):
+                    total += len(inner)
+        elif kind not in _SCALARS:
+            return -1
+        total += 8
+    return total
+
+
+def _large_lists_of(obj: Any) -> dict[str, Any]:
+    """The attributes of `obj` that are large lists or tuples of scalars."""
+    found = {}
+    for name, value in getattr(obj, "__dict__", {}).items():
+        if type(value) in (list, tuple) and len(value) > 0 and _list_bytes(value) >= MIN_BYTES:
+            found[name] = value
+    return found
+
+
+def _large_arrays(root: Any, owners: dict[int, tuple[Any, dict[str, Any]]]) -> list[Any]:
+    """The large arrays reachable from `root`; the objects holding large
+    lists go into `owners`."""
     found: list[Any] = []
     seen: set[int] = set()
     queue = deque([root])
@@ -104,6 +156,9 @@ def _large_arrays(root: Any) -> list[Any]:
         elif isinstance(obj, dict):
             queue.extend(itertools.islice(obj.values(), WALK_BUDGET))
         elif not isinstance(obj, (np.ndarray, torch.Tensor, type)):
+            lists = _large_lists_of(obj)
+            if lists:
+                owners[id(obj)] = (obj, lists)
             queue.extend(getattr(obj, "__dict__", {}).values())
     return found
 
@@ -111,13 +166,33 @@ def _large_arrays(root: Any) -> list[Any]:
 def register(dataset: Any) -> None:
     """Call just before the fork server is forked: the dataset's large
     arrays become ones its workers may take from inherited memory."""
-    arrays = _large_arrays(dataset)
+    owners: dict[int, tuple[Any, dict[str, Any]]] = {}
+    arrays = _large_arrays(dataset, owners)
     with _lock:
         for array in arrays:
             key = id(array)
             entry = _registry.get(key)
             if entry is None or entry[0]() is not array:
                 _registry[key] = (weakref.ref(array, _forget(key)), _forks)
+        for key, (owner, lists) in owners.items():
+            try:
+                reference = weakref.ref(owner, _forget_owner(key))
+            except TypeError:  # no weak reference to it (__slots__)
+                continue
+            _owners[key] = (reference, frozenset(lists))
+            for items in lists.values():
+                if id(items) not in _lists or _lists[id(items)][0] is not items:
+                    _lists[id(items)] = (items, tuple(items), _forks)
+
+
+def _forget_owner(key: int) -> Any:
+    def forget(reference: weakref.ref[Any]) -> None:
+        with _lock:
+            entry = _owners.get(key)
+            if entry is not None and entry[0] is reference:
+                del _owners[key]
+
+    return forget
 
 
 def _forget(key: int) -> Any:
@@ -154,14 +229,71 @@ def _pages_unchanged(start: int, end: int) -> bool:
     return not np.any(present & ((entries & _EXCLUSIVE) != 0))
 
 
+def _valid(registered_at: int) -> bool:
+    """Whether what was registered when `registered_at` forks were counted
+    is in the fork server's memory as the training process has it now."""
+    forked_at = _server_forked_at
+    return forked_at is not None and _forks == forked_at and registered_at < forked_at
+
+
+def owner_reduction(obj: Any, protocol: int) -> Any:
+    """`obj`'s reduction with its registered lists, where unchanged, as
+    references to the fork server's memory; None where it has none."""
+    entry = _owners.get(id(obj))
+    if entry is None or entry[0]() is not obj:
+        return None
+    reduced = obj.__reduce_ex__(protocol)
+    if not isinstance(reduced, tuple) or len(reduced) < 3 or not isinstance(reduced[2], dict):
+        return None
+    state = dict(reduced[2])
+    changed = False
+    for name in entry[1]:
+        key = _list_key_of(state.get(name))
+        if key is not None:
+            state[name] = _InheritedList(key)
+            changed = True
+    if not changed:
+        return None
+    return (*reduced[:2], state, *reduced[3:])
+
+
+def _list_key_of(items: Any) -> int | None:
+    entry = _lists.get(id(items))
+    if entry is None or entry[0] is not items or not _valid(entry[2]):
+        return None
+    snapshot = entry[1]
+    if len(items) != len(snapshot) or not all(map(operator.is_, items, snapshot)):
+        return None
+    return id(items)
+
+
+class _InheritedList:
+    """Pickled as a reference to a registered list in the server's memory."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+
+    def __reduce__(self) -> Any:
+        return inherited_list, (self.key,)
+
+
+def inherited_list(key: int) -> Any:
+    """In a worker process: the list registered under `key`."""
+    entry = _lists.get(key)
+    if entry is None:
+        raise RuntimeError("minato: a dataset list was not found in the fork server's memory")
+    return entry[0]
+
+
 def key_of(obj: Any) -> int | None:
     """The registry key a worker process finds `obj` under, unchanged, in
     the memory its fork server inherited; None where it must be copied."""
     entry = _registry.get(id(obj))
     if entry is None or entry[0]() is not obj:
         return None
-    forked_at = _server_forked_at
-    if forked_at is None or _forks != forked_at or entry[1] >= forked_at:
+    if not _valid(entry[1]):
         return None
     memory = _memory_of(obj)
     if memory is None or not _pages_unchanged(*memory):

@@ -337,6 +337,10 @@ class _SharingPickler(cloudpickle.Pickler):
         reduce = _multiprocessing_reducer(type(obj))
         if reduce is not None:
             return reduce(obj)
+        if self.inherits:
+            reduced = inherit.owner_reduction(obj, pickle.HIGHEST_PROTOCOL)
+            if reduced is not None:
+                return reduced
         if self.share and len(self.fds) < MAX_FDS:
             if (
                 type(obj) is np.ndarray
