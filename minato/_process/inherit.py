@@ -74,14 +74,19 @@ _EXCLUSIVE = np.uint64(1 << 56)
 _lock = threading.Lock()
 # id(object) -> (a weak reference to it, forks counted when it was registered).
 _registry: dict[int, tuple[weakref.ref[Any], int]] = {}
-# id(list) -> (the list, a snapshot of its items, forks counted when registered).
+# id(list) -> (the list, a snapshot of its items, forks counted when
+# registered); and the lists whose items were found to be scalars.
 _lists: dict[int, tuple[Any, tuple[Any, ...], int]] = {}
+_scalar_lists: set[int] = set()
 # id(object) -> (a weak reference to it, the names of its registered lists).
 _owners: dict[int, tuple[weakref.ref[Any], frozenset[str]]] = {}
-# The scalar items a registered list may hold (or hold in tuples).
-_SCALARS = (bytes, str, int, float, bool, type(None))
-# Lists longer than this are not checked item by item at registration.
+# The scalar items a registered list may hold (or hold in tuples of them).
+_SCALARS = frozenset({bytes, str, int, float, bool, type(None)})
+_ITEM_KINDS = _SCALARS | {tuple}
+# Lists longer than this are not inherited.
 MAX_LIST_ITEMS = 10_000_000
+# Lists this long count as large whatever their items.
+LONG_LIST = 1 << 14
 # Forks of this process, and their count just after the fork server's.
 _forks = 0
 _server_forked_at: int | None = None
@@ -108,32 +113,33 @@ def _memory_of(obj: Any) -> tuple[int, int] | None:
 
 
 def _list_bytes(items: Any) -> int:
-    """The bytes a list or tuple of scalars (or of tuples of scalars) holds,
-    or -1 where it holds anything else."""
+    """About the bytes a list or tuple of scalars (or of tuples of scalars)
+    holds, or -1 where it holds anything else. Checked by C loops (a million
+    file names take tens of milliseconds)."""
     if len(items) > MAX_LIST_ITEMS:
         return -1
-    total = 0
-    for item in items:
-        kind = type(item)
-        if kind is bytes or kind is str:
-            total += len(item)
-        elif kind is tuple:
-            for inner in item:
-                if type(inner) not in _SCALARS:
-                    return -1
-                if type(inner) in (bytes, str):
-                    total += len(inner)
-        elif kind not in _SCALARS:
+    kinds = set(map(type, items))
+    if not kinds <= _ITEM_KINDS:
+        return -1
+    if tuple in kinds:
+        if kinds != {tuple} or not set(map(type, itertools.chain.from_iterable(items))) <= _SCALARS:
             return -1
-        total += 8
-    return total
+        return 8 * len(items)  # the pointers at least
+    if kinds <= {bytes, str}:
+        return sum(map(len, items))
+    return 8 * len(items)
 
 
 def _large_lists_of(obj: Any) -> dict[str, Any]:
-    """The attributes of `obj` that are large lists or tuples of scalars."""
+    """The attributes of `obj` that are lists or tuples of scalars, large in
+    all: checked now where short, else only when first sent (a long list's
+    length makes it large enough; what it holds is checked then, so that a
+    loader's construction does not scan a million file names)."""
     found = {}
     for name, value in getattr(obj, "__dict__", {}).items():
-        if type(value) in (list, tuple) and len(value) > 0 and _list_bytes(value) >= MIN_BYTES:
+        if type(value) not in (list, tuple):
+            continue
+        if len(value) >= LONG_LIST or _list_bytes(value) >= MIN_BYTES:
             found[name] = value
     return found
 
@@ -264,6 +270,10 @@ def _list_key_of(items: Any) -> int | None:
     snapshot = entry[1]
     if len(items) != len(snapshot) or not all(map(operator.is_, items, snapshot)):
         return None
+    if id(items) not in _scalar_lists:
+        if _list_bytes(snapshot) < 0:
+            return None
+        _scalar_lists.add(id(items))
     return id(items)
 
 

@@ -228,6 +228,11 @@ def _zygote_now() -> _Zygote:
         return zygote
 
 
+def _zygote_running() -> bool:
+    zygote = _the_zygote
+    return zygote is not None and zygote.pid == os.getpid() and zygote.process.poll() is None
+
+
 def warm_up(modules: list[str] | None = None, dataset: Any = None) -> None:
     """Starts the fork server, and has it import `modules` (the dataset's)
     in the background, so that worker processes, when wanted, start in
@@ -239,7 +244,8 @@ def warm_up(modules: list[str] | None = None, dataset: Any = None) -> None:
     a fresh interpreter (``MINATO_FORK_SERVER=exec``) starts in the
     background. Asking again for modules already asked for does nothing."""
     global _warming_in
-    if dataset is not None:
+    if dataset is not None and not _exec_wanted() and not _zygote_running():
+        # Only what is registered before the fork is in the server's memory.
         inherit.register(dataset)
     wanted = set(modules or ())
     with _zygote_start_lock:
