@@ -179,10 +179,10 @@ def register(dataset: Any) -> None:
             key = id(array)
             entry = _registry.get(key)
             if entry is None or entry[0]() is not array:
-                _registry[key] = (weakref.ref(array, _forget(key)), _forks)
+                _registry[key] = (weakref.ref(array, _forgetter(_registry, key)), _forks)
         for key, (owner, lists) in owners.items():
             try:
-                reference = weakref.ref(owner, _forget_owner(key))
+                reference = weakref.ref(owner, _forgetter(_owners, key))
             except TypeError:  # no weak reference to it (__slots__)
                 continue
             _owners[key] = (reference, frozenset(lists))
@@ -191,22 +191,14 @@ def register(dataset: Any) -> None:
                     _lists[id(items)] = (items, tuple(items), _forks)
 
 
-def _forget_owner(key: int) -> Any:
+def _forgetter(table: dict[int, Any], key: int) -> Any:
+    """A weak reference's callback: its entry in `table` goes with the object."""
+
     def forget(reference: weakref.ref[Any]) -> None:
         with _lock:
-            entry = _owners.get(key)
+            entry = table.get(key)
             if entry is not None and entry[0] is reference:
-                del _owners[key]
-
-    return forget
-
-
-def _forget(key: int) -> Any:
-    def forget(reference: weakref.ref[Any]) -> None:
-        with _lock:
-            entry = _registry.get(key)
-            if entry is not None and entry[0] is reference:
-                del _registry[key]
+                del table[key]
 
     return forget
 
