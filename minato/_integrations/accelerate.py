@@ -156,7 +156,7 @@ def _hook_accelerator(module: ModuleType) -> None:
     @functools.wraps(original)
     def prepare_data_loader(self: Any, data_loader: Any, *args: Any, **kwargs: Any) -> Any:
         config = getattr(self, "dataloader_config", None)
-        if hasattr(data_loader, "_rebuilt") and getattr(config, "use_stateful_dataloader", False):
+        if is_minato_loader(data_loader) and getattr(config, "use_stateful_dataloader", False):
             # With this set, accelerate builds torchdata's StatefulDataLoader
             # by its own import: a minato loader is stateful already.
             config.use_stateful_dataloader = False
@@ -173,6 +173,12 @@ def _hook_accelerator(module: ModuleType) -> None:
     accelerator.prepare_data_loader = prepare_data_loader
 
 
+def is_minato_loader(loader: Any) -> bool:
+    """Whether `loader` is a minato DataLoader (this module cannot import the
+    class: it lies below it)."""
+    return hasattr(loader, "_rebuilt")
+
+
 def base_loader(prepared: Any) -> Any:
     """The loader an accelerate wrapper iterates (itself if none)."""
     return vars(prepared).get("base_dataloader", prepared)
@@ -182,7 +188,7 @@ def adopt(prepared: Any) -> None:
     """An accelerate loader over a minato loader: its state goes into
     accelerate's checkpoints, and its batches to accelerate's device."""
     loader = base_loader(prepared)
-    if loader is prepared or not hasattr(loader, "_rebuilt"):
+    if loader is prepared or not is_minato_loader(loader):
         return
     # accelerate's save_state/load_state carry a loader's state_dict() when
     # this is set (torchdata's StatefulDataLoader); minato's always has one.

@@ -48,7 +48,7 @@ def _minato_loader(train_dataloader: Any) -> Any:
     if train_dataloader is None:
         return None
     loader = accelerate_hooks.base_loader(train_dataloader)
-    return loader if hasattr(loader, "_rebuilt") else None
+    return loader if accelerate_hooks.is_minato_loader(loader) else None
 
 
 def callback_class(trainer_callback: Any) -> type:

@@ -83,7 +83,7 @@ class SharedBuffer:
     (``tensor``). Its descriptor is closed when it is collected; the mapping
     lasts as long as a tensor views it."""
 
-    __slots__ = ("fd", "size", "tensor", "__weakref__")
+    __slots__ = ("fd", "size", "tensor")
 
     def __init__(self, nbytes: int) -> None:
         self.size = max(nbytes, 1)  # mmap maps no empty file
@@ -372,7 +372,7 @@ class _SharingPickler(cloudpickle.Pickler):
                 fd, size = shared
                 slot = self._slot(storage.data_ptr(), fd, storage)
                 args = (slot, size, tensor.dtype, tensor.storage_offset(), tuple(tensor.shape))
-                return _rebuild_torch_shared, (*args, tuple(tensor.stride()))
+                return _rebuild_tensor, (*args, tuple(tensor.stride()), True)
         data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
         shape = tuple(tensor.shape)
         in_arena = self._in_arena(data, tensor.dtype, shape, False)
@@ -596,16 +596,17 @@ def _storage(slot: int, size: int, torch_shared: bool = False) -> Any:
 
 
 def _rebuild_tensor(
-    slot: int, size: int, dtype: torch.dtype, offset: int, shape: tuple, stride: tuple
+    slot: int,
+    size: int,
+    dtype: torch.dtype,
+    offset: int,
+    shape: tuple,
+    stride: tuple,
+    torch_shared: bool = False,
 ) -> torch.Tensor:
-    return torch.empty((0,), dtype=dtype).set_(_storage(slot, size), offset, shape, stride)
-
-
-def _rebuild_torch_shared(
-    slot: int, size: int, dtype: torch.dtype, offset: int, shape: tuple, stride: tuple
-) -> torch.Tensor:
-    """A tensor torch had shared, received as shared to torch too."""
-    storage = _storage(slot, size, torch_shared=True)
+    """A tensor over a received descriptor's memory; `torch_shared`: one torch
+    had shared, received as shared to torch too."""
+    storage = _storage(slot, size, torch_shared)
     return torch.empty((0,), dtype=dtype).set_(storage, offset, shape, stride)
 
 

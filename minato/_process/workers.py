@@ -220,7 +220,7 @@ def _zygote_now() -> _Zygote:
     global _the_zygote
     with _zygote_lock:
         zygote = _the_zygote
-        if zygote is None or zygote.pid != os.getpid() or zygote.process.poll() is not None:
+        if zygote is None or not _zygote_running():
             try:
                 zygote = _the_zygote = _Zygote()
             finally:
@@ -229,6 +229,7 @@ def _zygote_now() -> _Zygote:
 
 
 def _zygote_running() -> bool:
+    """Whether this process's fork server is up (not one a parent started)."""
     zygote = _the_zygote
     return zygote is not None and zygote.pid == os.getpid() and zygote.process.poll() is None
 
