@@ -126,6 +126,11 @@ class Blobs(tud.Dataset):
 blobs = Blobs()
 blob_loader = minato.DataLoader(blobs, batch_size=4, num_workers=2, worker_method="multiprocessing")
 assert len(ipc.dumps(blobs, inherit=True).data) < 10_000  # the list went by reference
+# What the loader sends: each worker's copy of the dataset, holding the same lists.
+from minato._thread.dataset import worker_dataset
+assert len(ipc.dumps(worker_dataset(blobs), inherit=True).data) < 10_000
+payload = iter(blob_loader)._processes.spec_payload()
+assert not payload.fds and len(payload.data) < 10_000, (len(payload.fds), len(payload.data))
 blobs.images[3] = b"changed"  # after the fork server was forked
 assert len(ipc.dumps(blobs, inherit=True).data) > 3_000_000  # pickled, as before
 firsts, lengths = zip(*[(f, n) for a, b in blob_loader for f, n in zip(a.tolist(), b.tolist())])

@@ -808,6 +808,36 @@ def test_workers_plainly_serialised_by_the_gil_move_after_a_few_samples(
     assert other.observe(figures) != "move" and not other.decided
 
 
+@pytest.mark.parametrize(
+    ("busy", "cpu", "cores", "moves"),
+    [
+        (0.06, 0.028, 2, True),  # two threads of pure Python: one core between them
+        (0.48, 0.03, 16, True),  # sixteen, taking turns
+        (0.06, 0.057, 2, False),  # GIL-free work: both cores
+        (0.54, 0.0105, 2, False),  # sleeping samples: a third of a core
+        (0.06, 0.028, 1, False),  # one core: processes would share it too
+    ],
+)
+def test_workers_that_run_one_at_a_time_move_after_a_few_samples(
+    monkeypatch: pytest.MonkeyPatch, busy: float, cpu: float, cores: int, moves: bool
+) -> None:
+    """The GIL's hand-overs inside the dataset's Python are seen by the
+    workers' CPU clocks, not by the wait to enter it: workers in their tasks
+    together that use one core between them are serialised."""
+    clock = _Clock(0.0)
+    monkeypatch.setattr(_worker_method, "time", clock)
+    monkeypatch.setattr(_worker_method, "_cores", lambda: cores)
+    method = WorkerMethod("auto")
+    method.observe({"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0})
+    clock.now = _worker_method.CLEAR_WINDOW_S
+    # 30 ms and 36 samples in; the wait to enter Python reads low (10 %).
+    figures = {"samples_loaded": 36, "busy": busy, "gil_wait": 0.1 * busy, "cpu": cpu}
+    verdict = method.observe(figures)
+    assert (verdict == "move") is moves, method.reason
+    if moves:
+        assert "one at a time" in method.reason
+
+
 class _Clock:
     """Stands in for the time module in minato._process.method."""
 

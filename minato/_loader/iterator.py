@@ -57,8 +57,11 @@ EXIT_GRACE_S = 0.5
 
 # How often a running loader checks whether its workers wait on the GIL.
 GIL_CHECK_INTERVAL_S = 1.0
-# How often worker_method="auto" judges the engine's figures.
-METHOD_CHECK_INTERVAL_S = 0.05
+# How often worker_method="auto" judges the engine's figures (a stats()
+# read, tens of microseconds, only until it decides): a GIL-bound dataset
+# shows itself within the first batches, each one more on threads at half
+# speed.
+METHOD_CHECK_INTERVAL_S = 0.01
 # With worker processes, a task costs a round trip (pickling, two socket
 # hops, ~0.3 ms on 2 idle cores), and far more beside many workers, whose
 # threads take the GIL for each: samples go to them in runs of at least this
@@ -444,6 +447,10 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             # (Ctrl-C in a notebook) or are in the parent of a fork: start them.
             self._workers_in_parent = False
             self._engine = self._start_engine(loader)
+            if self._processes is not None:
+                # Auto's evidence counts from the workers' start: a GIL-bound
+                # dataset shows itself in the first batch (see CLEAR_WINDOW_S).
+                self._method.restart_window(self._engine.stats())
             self._recorder.engine_started(self._engine)
             _live_iterators.add(self)
         elif not first_iter:

@@ -78,8 +78,8 @@ _registry: dict[int, tuple[weakref.ref[Any], int]] = {}
 # registered); and the lists whose items were found to be scalars.
 _lists: dict[int, tuple[Any, tuple[Any, ...], int]] = {}
 _scalar_lists: set[int] = set()
-# id(object) -> (a weak reference to it, the names of its registered lists).
-_owners: dict[int, tuple[weakref.ref[Any], frozenset[str]]] = {}
+# The types of the objects that held registered lists (see owner_reduction).
+_owner_types: set[type] = set()
 # The scalar items a registered list may hold (or hold in tuples of them).
 _SCALARS = frozenset({bytes, str, int, float, bool, type(None)})
 _ITEM_KINDS = _SCALARS | {tuple}
@@ -180,12 +180,8 @@ def register(dataset: Any) -> None:
             entry = _registry.get(key)
             if entry is None or entry[0]() is not array:
                 _registry[key] = (weakref.ref(array, _forgetter(_registry, key)), _forks)
-        for key, (owner, lists) in owners.items():
-            try:
-                reference = weakref.ref(owner, _forgetter(_owners, key))
-            except TypeError:  # no weak reference to it (__slots__)
-                continue
-            _owners[key] = (reference, frozenset(lists))
+        for owner, lists in owners.values():
+            _owner_types.add(type(owner))
             for items in lists.values():
                 if id(items) not in _lists or _lists[id(items)][0] is not items:
                     _lists[id(items)] = (items, tuple(items), _forks)
@@ -193,9 +189,10 @@ def register(dataset: Any) -> None:
 
 def _forgetter(table: dict[int, Any], key: int) -> Any:
     """A weak reference's callback: its entry in `table` goes with the object."""
+    lock = _lock  # held here: at interpreter exit the module's names may be gone first
 
     def forget(reference: weakref.ref[Any]) -> None:
-        with _lock:
+        with lock:
             entry = table.get(key)
             if entry is not None and entry[0] is reference:
                 del table[key]
@@ -236,17 +233,24 @@ def _valid(registered_at: int) -> bool:
 
 def owner_reduction(obj: Any, protocol: int) -> Any:
     """`obj`'s reduction with its registered lists, where unchanged, as
-    references to the fork server's memory; None where it has none."""
-    entry = _owners.get(id(obj))
-    if entry is None or entry[0]() is not obj:
+    references to the fork server's memory; None where it has none. Asked
+    of any object of a type that held one when registered: the loader
+    sends each worker a copy of the dataset (minato._thread.dataset), a new
+    object holding the same lists."""
+    if type(obj) not in _owner_types:
+        return None
+    attributes = getattr(obj, "__dict__", None)
+    if not isinstance(attributes, dict) or not any(
+        id(value) in _lists for value in attributes.values()
+    ):
         return None
     reduced = obj.__reduce_ex__(protocol)
     if not isinstance(reduced, tuple) or len(reduced) < 3 or not isinstance(reduced[2], dict):
         return None
     state = dict(reduced[2])
     changed = False
-    for name in entry[1]:
-        key = _list_key_of(state.get(name))
+    for name, value in reduced[2].items():
+        key = _list_key_of(value)
         if key is not None:
             state[name] = _InheritedList(key)
             changed = True

@@ -50,12 +50,22 @@ logger).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import weakref
 from dataclasses import dataclass
 
 from minato._util.log import logger
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
 
 WORKER_METHODS = ("auto", "thread", "multiprocessing")
 
@@ -66,6 +76,17 @@ GIL_BOUND_SHARE = 0.2
 # every batch more on threads is one the GIL slows.
 CLEAR_GIL_SHARE = 2 * GIL_BOUND_SHARE
 CLEAR_WINDOW_S = 0.03
+# The same sign read from the workers' CPU clocks, which see the GIL's
+# hand-overs inside the dataset's Python (the wait above is only taken as a
+# task enters Python, and reads 13-54 % for two threads of pure Python,
+# depending on how their turns fall): workers that are in their tasks
+# together (at least SERIAL_PARALLEL of them on average) yet use together
+# about one core (SERIAL_CORES), where apart they could use at least
+# SERIAL_SPARE times that, run one at a time. Two threads of pure Python read
+# 0.91-0.97 cores, of GIL-free hashing 1.9, of sleeps 0.35.
+SERIAL_PARALLEL = 1.3
+SERIAL_CORES = (0.75, 1.2)
+SERIAL_SPARE = 1.4
 # A loop that waits this long on average to take the GIL back is slowed by
 # the workers: a GPU training step takes it back after every op it launches,
 # thousands a step, so a fraction of a millisecond each adds up (the trial
@@ -397,11 +418,15 @@ class WorkerMethod:
             return None
         if self._threads_inherited:
             return self._judge_loop(elapsed, samples, loop_bound, judged, can_trial)
-        if elapsed >= CLEAR_WINDOW_S and samples >= MIN_SAMPLES and share >= CLEAR_GIL_SHARE:
-            return self._decide(
-                True,
-                f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
-            )
+        if elapsed >= CLEAR_WINDOW_S and samples >= MIN_SAMPLES:
+            if share >= CLEAR_GIL_SHARE:
+                return self._decide(
+                    True,
+                    f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
+                )
+            serial = self._serialised(busy / elapsed, cpu / elapsed if cpu is not None else None)
+            if serial is not None:
+                return self._decide(True, serial)
         if elapsed < MIN_WINDOW_S or samples < MIN_SAMPLES:
             leaning = share >= GIL_BOUND_SHARE / 2 or (
                 self._probes >= 2 and judged >= LOOP_DELAY_TRIAL_S
@@ -456,6 +481,20 @@ class WorkerMethod:
             + ")",
         )
         return None
+
+    @staticmethod
+    def _serialised(parallel: float, cores: float | None) -> str | None:
+        """Why the workers run one at a time (see SERIAL_CORES), or None."""
+        if cores is None or parallel < SERIAL_PARALLEL:
+            return None
+        low, high = SERIAL_CORES
+        spare = min(parallel, _cores())
+        if not low <= cores <= high or spare < SERIAL_SPARE * cores:
+            return None
+        return (
+            f"auto: {parallel:.1f} worker threads at work at once used {cores:.2f} cores "
+            "together: the dataset's Python runs them one at a time"
+        )
 
     def _judge_loop(
         self, elapsed: float, samples: int, loop_bound: bool, judged: float, can_trial: bool

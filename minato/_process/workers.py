@@ -500,6 +500,11 @@ class ProcessWorkers:
         def run(epoch: int, task: Any) -> Any:
             if self.per_task_switch:
                 on_processes = method.processes
+                # Moving: the process starts beside this thread, which runs
+                # its tasks itself until the process is up (no task waits
+                # for a start).
+                if on_processes and not remote.start_beside():
+                    return thread_run(epoch, task)
             else:  # a stream moves at its epoch's start only
                 on_processes = epoch_on_processes.setdefault(epoch, method.processes)
                 if len(epoch_on_processes) > 2:
@@ -544,6 +549,10 @@ class _Remote:
         self.process: WorkerProcess | None = None
         self.epoch: int | None = None
         self.stream_lost: int | None = None
+        # A start beside the worker thread (see start_beside): under way, or
+        # failed (the next task then starts it, and reports the failure).
+        self._starting: threading.Thread | None = None
+        self._start_failed = False
 
     def stop(self) -> None:
         """Its process, if it has one, leaves (its last task has returned)."""
@@ -554,6 +563,30 @@ class _Remote:
     def start(self) -> None:
         """Starts its process now, if it has none."""
         self._process()
+
+    def start_beside(self) -> bool:
+        """Whether its process is up to take the next task; if not, starts it
+        on a thread of its own, once."""
+        if self.process is not None or self._start_failed:
+            return True
+        if self._starting is None:
+            self._starting = threading.Thread(
+                target=self._start_beside, name="minato-process-start", daemon=True
+            )
+            self._starting.start()
+        return False
+
+    def _start_beside(self) -> None:
+        try:
+            process = WorkerProcess(self.workers, self.worker_id, self.samples)
+        except Exception:  # the next task starts it again, and reports
+            self._start_failed = True
+        else:
+            if self.workers.method.processes:
+                self.process = process
+            else:  # back on threads meanwhile
+                process.stop()
+        self._starting = None
 
     def _process(self) -> WorkerProcess:
         if self.process is None:
