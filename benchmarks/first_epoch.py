@@ -1,8 +1,10 @@
 """A fresh process's first loader: construction, first batch and first epoch.
 
 gpu_train's PIL pipeline over generated 300-900 px JPEGs held in memory (the
-dataset's pickle is large, as a dataset that holds its data is), 2 workers,
-batch 16, shuffled, one epoch. Each system runs in a fresh interpreter of
+dataset's pickle is large, as a dataset that holds its data is), 2 workers
+(or each count of ``--workers``), batch 16, shuffled, one epoch, and the
+peak PSS of the process tree (the fork server and its workers included)
+over what the process held before the loader was built. Each system runs in a fresh interpreter of
 its own (what a training script's first epoch pays: forks, the fork server,
 the dataset sent to each worker), in turn, repeated:
 
@@ -12,13 +14,14 @@ the dataset sent to each worker), in turn, repeated:
   fresh interpreter (``MINATO_FORK_SERVER=exec``);
 - minato on threads.
 
-    python benchmarks/first_epoch.py [--images 768] [--repeats 2]
+    python benchmarks/first_epoch.py [--images 768] [--repeats 2] [--workers 2 8]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import select
 import subprocess
 import sys
 import time
@@ -39,7 +42,7 @@ SYSTEMS = {
 }
 
 
-def run_one(kind: str, method: str | None, images: int) -> None:
+def run_one(kind: str, method: str | None, images: int, workers: int, interval: float) -> None:
     sys.path.insert(0, HERE)
     import torch.utils.data as tud
     from gpu_train import PilImages, generate_in_parallel
@@ -49,8 +52,21 @@ def run_one(kind: str, method: str | None, images: int) -> None:
     data = generate_in_parallel(images, os.cpu_count() or 1)
     options = {} if method is None else {"worker_method": method}
     loader_class = tud.DataLoader if kind == "torch" else minato.DataLoader
+
+    # The tree's PSS is read by a process of its own: a thread here would
+    # take this process's GIL and CPU from the run (page tables walked).
+    sampler = subprocess.Popen(
+        [sys.executable, __file__, "--sample-pss", str(os.getpid()), str(interval)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert sampler.stdout is not None and sampler.stdin is not None
+    base = float(sampler.stdout.readline())
     started = time.perf_counter()
-    loader = loader_class(PilImages(data), batch_size=16, shuffle=True, num_workers=2, **options)
+    loader = loader_class(
+        PilImages(data), batch_size=16, shuffle=True, num_workers=workers, **options
+    )
     built = time.perf_counter()
     batches = iter(loader)
     next(batches)
@@ -58,49 +74,94 @@ def run_one(kind: str, method: str | None, images: int) -> None:
     for _ in batches:
         pass
     ended = time.perf_counter()
+    sampler.stdin.close()
+    peak = float(sampler.stdout.readline())
+    sampler.wait()
     how = loader.stats().worker_method if isinstance(loader, minato.DataLoader) else ""
-    print(f"{(built - started) * 1e3:.1f} {first - built:.3f} {images / (ended - built):.1f} {how}")
+    print(
+        f"{(built - started) * 1e3:.1f} {first - built:.3f} {images / (ended - built):.1f} "
+        f"{peak - base:.0f} {how}"
+    )
+
+
+def sample_pss(root: int, interval: float) -> None:
+    """Prints the PSS of `root`'s process tree (this process left out) now,
+    then its peak once standard input closes."""
+    sys.path.insert(0, HERE)
+    from processes import _pss_mb, _tree
+
+    def tree_pss() -> float:
+        return _pss_mb([pid for pid in _tree(root) if pid != os.getpid()])
+
+    peak = tree_pss()
+    print(peak, flush=True)
+    while not select.select([sys.stdin], [], [], interval)[0]:
+        peak = max(peak, tree_pss())
+    sys.stdin.read()
+    print(peak, flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=768)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--workers", type=int, nargs="+", default=[2])
+    parser.add_argument("--only", nargs="+", choices=list(SYSTEMS), help="these systems only")
+    # How often the tree's PSS is read.
+    parser.add_argument("--pss-interval", type=float, default=0.05)
+    parser.add_argument("--sample-pss", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.sample_pss:
+        sample_pss(int(args.sample_pss[0]), float(args.sample_pss[1]))
+        return
     if args.one:
         kind, method = args.one
-        run_one(kind, None if method == "-" else method, args.images)
+        method = None if method == "-" else method
+        run_one(kind, method, args.images, args.workers[0], args.pss_interval)
         return
     print(
-        f"# first_epoch: PIL pipeline, {args.images} JPEGs held in memory, 2 workers, "
-        f"batch 16, {os.cpu_count()} cores; each run a fresh interpreter"
+        f"# first_epoch: PIL pipeline, {args.images} JPEGs held in memory, batch 16, "
+        f"{os.cpu_count()} cores; each run a fresh interpreter; peak PSS of the process "
+        "tree over its base"
     )
-    print(f"  {'system':40s} {'construct':>10s} {'first batch':>12s} {'epoch':>10s}")
+    print(
+        f"  {'system':40s} {'workers':>7s} {'construct':>10s} {'first batch':>12s} "
+        f"{'epoch':>10s} {'peak PSS':>10s}"
+    )
     for _ in range(args.repeats):
-        for name, (kind, method, env) in SYSTEMS.items():
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--images",
-                    str(args.images),
-                    "--one",
-                    kind,
-                    method or "-",
-                ],
-                env=dict(os.environ, **env),
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=True,
-            ).stdout.split()
-            construct, first, rate = float(out[0]), float(out[1]), float(out[2])
-            how = f"  ({out[3]})" if len(out) > 3 else ""
-            print(
-                f"  {name:40s} {construct:7.1f} ms {first:9.2f} s {rate:6.0f}/s{how}",
-                flush=True,
-            )
+        for workers in args.workers:
+            for name, (kind, method, env) in SYSTEMS.items():
+                if args.only and name not in args.only:
+                    continue
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--images",
+                        str(args.images),
+                        "--workers",
+                        str(workers),
+                        "--pss-interval",
+                        str(args.pss_interval),
+                        "--one",
+                        kind,
+                        method or "-",
+                    ],
+                    env=dict(os.environ, **env),
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                    check=True,
+                ).stdout.split()
+                construct, first, rate = float(out[0]), float(out[1]), float(out[2])
+                pss = float(out[3])
+                how = f"  ({out[4]})" if len(out) > 4 else ""
+                print(
+                    f"  {name:40s} {workers:7d} {construct:7.1f} ms {first:9.2f} s {rate:6.0f}/s "
+                    f"{pss:+7.0f} MB{how}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

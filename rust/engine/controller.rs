@@ -24,8 +24,9 @@
 //! nothing: work that holds the GIL often runs fastest on a single thread.
 //! A saturated CPU stops growth outright, and so does a window in which
 //! nothing finished. Workers that compute (on a CPU for most of their task
-//! time, by their threads' own clocks) grow no further than the cores: more
-//! would share them, and the window's noise could still read as a gain.
+//! time, by their threads' own clocks, or together for most of the cores'
+//! time) grow no further than the cores: more would share them, and the
+//! window's noise could still read as a gain.
 //!
 //! A worker also costs the training loop: threads share its GIL. The
 //! consumer's step (its time between two requests for a batch) is measured
@@ -96,6 +97,11 @@ pub struct ControllerConfig {
     /// Workers that spend this share of their task time on a CPU compute:
     /// the pool grows no further than `cores` (more would only share them).
     pub compute_bound: f64,
+    /// Workers whose demand for CPU (their share of task time on one, times
+    /// their count) is this share of the cores grow no further than the
+    /// cores either: threads beyond the cores each get a CPU only part of
+    /// their time (8 threads decoding on 2 cores, a quarter each).
+    pub cores_bound: f64,
     /// The cores this process may run on.
     pub cores: usize,
     /// A growth step must raise throughput by this fraction of the ideal
@@ -130,6 +136,7 @@ impl ControllerConfig {
             ahead_above: 0.9,
             cpu_saturated: 0.9,
             compute_bound: 0.3,
+            cores_bound: 0.75,
             cores: available_cores(),
             min_gain_share: 0.3,
             linear_gain_share: 0.7,
@@ -297,10 +304,10 @@ impl Controller {
                 Some((at, _)) => at.min(config.max_workers),
                 None => config.max_workers,
             };
-            if window
-                .compute
-                .is_some_and(|share| share >= config.compute_bound)
-            {
+            let demand = self.workers as f64 / config.cores.max(1) as f64;
+            if window.compute.is_some_and(|share| {
+                share >= config.compute_bound || share * demand >= config.cores_bound
+            }) {
                 limit = limit.min(config.cores.max(self.workers));
             }
             let cpu_saturated = window.cpu.is_some_and(|cpu| cpu >= config.cpu_saturated);
@@ -640,6 +647,18 @@ mod tests {
             controller.observe(computing(throughput));
         }
         assert_eq!(controller.workers(), 4);
+        // Four times as many threads as cores, each on a CPU a fifth of its
+        // time (waiting for one the rest), keep the cores busy: no more.
+        let sharing = |throughput: f64| Window {
+            compute: Some(0.2),
+            ..window(throughput, 0.0, Some(0.5))
+        };
+        let mut controller = Controller::new(config.clone(), 16);
+        for _ in 0..12 {
+            let throughput = 100.0 * controller.workers() as f64;
+            controller.observe(sharing(throughput));
+        }
+        assert_eq!(controller.workers(), 16);
         // Workers that mostly wait (I/O) grow past the cores.
         let waiting = |throughput: f64| Window {
             compute: Some(0.05),
