@@ -1350,3 +1350,14 @@ def test_threads_decided_for_an_earlier_loader_are_judged_again_by_this_loop(
     else:
         assert "move" not in verdicts and not method.wants_processes
         assert method.reason.startswith("auto: threads, as measured; decided for an earlier")
+
+
+def test_memory_freed_by_worker_threads_can_be_given_back() -> None:
+    """After a move to processes the threads' freed heaps are returned
+    (glibc's malloc_trim); elsewhere nothing happens, and nothing fails."""
+    from minato._util.memory import give_back_freed_memory
+
+    blocks = [bytearray(1 << 20) for _ in range(64)]
+    del blocks
+    give_back_freed_memory()
+    give_back_freed_memory()

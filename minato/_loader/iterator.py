@@ -40,6 +40,7 @@ from minato._task.runner import EXHAUSTED, WorkerSpec, sample_count
 from minato._task.seed import epoch_seed
 from minato._thread.dataset import bound_to_copies, worker_dataset
 from minato._util.log import logger
+from minato._util.memory import give_back_freed_memory
 from minato._util.priority import worker_nice_value
 
 if TYPE_CHECKING:
@@ -62,6 +63,9 @@ GIL_CHECK_INTERVAL_S = 1.0
 # shows itself within the first batches, each one more on threads at half
 # speed.
 METHOD_CHECK_INTERVAL_S = 0.01
+# After a move to processes, the memory the worker threads freed is given
+# back this long after (their last tasks done meanwhile).
+TRIM_AFTER_MOVE_S = 0.2
 # With worker processes, a task costs a round trip (pickling, two socket
 # hops, ~0.3 ms on 2 idle cores), and far more beside many workers, whose
 # threads take the GIL for each: samples go to them in runs of at least this
@@ -321,6 +325,9 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         self._processes: ProcessWorkers | None = None
         self._method: WorkerMethod = loader._worker_method
         self._next_method_check = 0.0
+        # When the memory the worker threads freed is given back, after a move
+        # to processes (see minato._util.memory).
+        self._trim_after: float | None = None
         # Set in a fork child whose parent ran this iterator's workers.
         self._workers_in_parent = False
         super().__init__(loader)
@@ -543,6 +550,9 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         if method.batch_received(now, waited) == "revert":
             self._off_processes()
             return
+        if self._trim_after is not None and now >= self._trim_after:
+            self._trim_after = None
+            give_back_freed_memory()
         if method.wants_processes and not method.processes:
             if fork_server_ready(processes.modules()) and method.ready_for_processes():
                 loader = self._loader()
@@ -550,6 +560,8 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
                 # Only a loader whose workers move between tasks can go back.
                 method.activate(in_flight, trial=processes.per_task_switch)
                 self._on_processes()
+                # By then the threads' last tasks are done.
+                self._trim_after = now + TRIM_AFTER_MOVE_S
             elif method.decided:
                 # Decided before this loader's first samples (an earlier
                 # loader's decision): the dataset's modules too. Asking again
