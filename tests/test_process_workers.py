@@ -838,15 +838,54 @@ def test_workers_that_run_one_at_a_time_move_after_a_few_samples(
         assert "one at a time" in method.reason
 
 
+@pytest.mark.parametrize(("process_cores", "kept"), [(0.9, True), (0.5, False)])
+def test_threads_that_keep_the_cores_busy_stay_while_the_loop_waits_for_data(
+    monkeypatch: pytest.MonkeyPatch, process_cores: float, kept: bool
+) -> None:
+    """Processes cannot load faster on cores the threads already keep busy:
+    however long the loop waits to take the GIL back, a loop that waits for
+    data keeps threads (a loop that sets the pace still gets its trial)."""
+    clock = _Clock(0.003)  # every probe waits 3 ms to take the GIL back
+    monkeypatch.setattr(_worker_method, "time", clock)
+    monkeypatch.setattr(_worker_method, "_cores", lambda: 2)
+    method = WorkerMethod("auto")
+    figures = {"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0}
+    method.observe(figures)
+    verdict = None
+    for batch in range(1, 20):
+        clock.now = batch * 0.02
+        method.batch_received(clock.now, waited=0.018)  # the loop waits for data
+        method.probe()
+        clock.cpu = process_cores * 2 * clock.now
+        # 8 threads, each on a CPU a fifth of its time: 2 ms of CPU a sample.
+        figures = {
+            "samples_loaded": 16 * batch,
+            "busy": 8 * clock.now,
+            "gil_wait": 0.05 * 8 * clock.now,
+            "cpu": 1.6 * clock.now,
+        }
+        verdict = method.observe(figures)
+        if method.decided:
+            break
+    assert method.decided
+    assert (not method.wants_processes) is kept, method.reason
+    assert ("cores busy" in method.reason) is kept, method.reason
+    assert verdict == (None if kept else "move")
+
+
 class _Clock:
     """Stands in for the time module in minato._process.method."""
 
     def __init__(self, probe_delay: float) -> None:
         self.now = 0.0
         self.probe_delay = probe_delay
+        self.cpu = 0.0  # this process's CPU time
 
     def perf_counter(self) -> float:
         return self.now
+
+    def process_time(self) -> float:
+        return self.cpu
 
     def sleep(self, _seconds: float) -> None:
         self.now += self.probe_delay  # the probe's wait to take the GIL back
@@ -1214,7 +1253,12 @@ def test_a_later_loader_over_the_same_dataset_type_starts_from_the_decision() ->
     assert wait_until(lambda: not workers_of_this_process())
 
 
-def test_a_dataset_that_computes_without_the_gil_tries_processes_in_its_first_epoch() -> None:
+def test_a_dataset_that_computes_without_the_gil_tries_processes_in_its_first_epoch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Where its threads leave cores free (on this machine's two cores they
+    # keep both busy, and stay: see the cores-busy test above).
+    monkeypatch.setattr(_worker_method, "CORES_BUSY", 2.0)
     loader = minato.DataLoader(
         Hashes(), batch_size=8, shuffle=True, num_workers=2, persistent_workers=True
     )

@@ -87,6 +87,12 @@ CLEAR_WINDOW_S = 0.03
 SERIAL_PARALLEL = 1.3
 SERIAL_CORES = (0.75, 1.2)
 SERIAL_SPARE = 1.4
+# A training process that keeps this share of the cores busy on threads
+# leaves processes no core to load faster on: while the training loop waits
+# for data (not LOOP_BOUND_WAITED), its GIL delay only delays a wait, and
+# the threads stay. (8 PIL threads on 2 cores kept the process at 0.81-0.9
+# of them, and read 1.04x torch's processes where a move gave 0.85-0.88x.)
+CORES_BUSY = 0.8
 # A loop that waits this long on average to take the GIL back is slowed by
 # the workers: a GPU training step takes it back after every op it launches,
 # thousands a step, so a fraction of a millisecond each adds up (the trial
@@ -204,6 +210,8 @@ class _Window:
     cpu: float | None
     # The loop's time waiting for batches, until the window started.
     waited: float = 0.0
+    # This process's CPU time (all its threads) when the window started.
+    process_cpu: float = 0.0
 
 
 # What auto decided for good, by the dataset's type: a later loader over a
@@ -353,6 +361,7 @@ class WorkerMethod:
             samples,
             figures.get("cpu"),
             waited,
+            time.process_time(),
         )
 
     def wants_probe(self, now: float) -> bool:
@@ -439,6 +448,13 @@ class WorkerMethod:
                 True,
                 f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
             )
+        cores_busy = (time.process_time() - window.process_cpu) / elapsed / _cores()
+        if not loop_bound and cores_busy >= CORES_BUSY:
+            return self._decide(
+                False,
+                f"auto: the process keeps {cores_busy:.0%} of the cores busy on threads "
+                "while the training loop waits for data: processes would not load faster",
+            )
         # A few probes suffice when the delay is far past the bound.
         clear = self._probes >= 2 and judged >= CLEAR_DELAY_FACTOR * LOOP_DELAY_BOUND_S
         if self._probes < MIN_PROBES and not clear:
@@ -493,7 +509,7 @@ class WorkerMethod:
             return None
         return (
             f"auto: {parallel:.1f} worker threads at work at once used {cores:.2f} cores "
-            "together: the dataset's Python runs them one at a time"
+            "together: the dataset's Python holds the GIL and runs them one at a time"
         )
 
     def _judge_loop(
