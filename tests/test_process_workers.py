@@ -1391,6 +1391,9 @@ def test_threads_decided_for_an_earlier_loader_are_judged_again_by_this_loop(
         assert "move" in verdicts and method.wants_processes
         assert "where an earlier loader of this dataset kept threads" in method.reason
         assert method._gain_wanted  # kept only if the trial shows a gain
+        # The loop's steps on threads so far are the trial's threads side:
+        # it moves now, not after another second of them.
+        assert clock.now <= 0.2 and method.ready_for_processes()
     else:
         assert "move" not in verdicts and not method.wants_processes
         assert method.reason.startswith("auto: threads, as measured; decided for an earlier")

@@ -274,6 +274,9 @@ class WorkerMethod:
         # way must show a gain (see LOOP_BOUND_WAITED).
         self._waited = 0.0
         self._gain_wanted = False
+        # Whether the trial's thread side is short though a gain is wanted
+        # (see _judge_loop).
+        self._short_threads_side = False
 
     @property
     def may_use_processes(self) -> bool:
@@ -346,7 +349,7 @@ class WorkerMethod:
         loader decided)."""
         if self.requested != "auto" or self._inherited or self._on_threads.complete:
             return True
-        clear = self.wants_processes and not self._gain_wanted
+        clear = self.wants_processes and (not self._gain_wanted or self._short_threads_side)
         return clear and self._on_threads.measured_for(
             CLEAR_THREADS_MIN_S, CLEAR_THREADS_MIN_BATCHES
         )
@@ -522,6 +525,10 @@ class WorkerMethod:
         delayed = self._probes >= MIN_PROBES and judged >= LOOP_DELAY_TRIAL_S
         if can_trial and (loop_bound or delayed):
             self._gain_wanted = True
+            # A loop that sets the pace has shown its steps on threads with
+            # every batch so far: those are the threads' side (a second more
+            # of them would be all of a short epoch).
+            self._short_threads_side = loop_bound
             why = (
                 "the training loop sets the pace"
                 if loop_bound
