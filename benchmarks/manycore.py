@@ -6,6 +6,11 @@ its index, so N workers can deliver N/d samples/s whatever the core count:
 what falls short of that is the loader's own cost. On a machine whose cores
 are busy decoding, the loader's threads must win a core for every GIL
 hand-over: ``--busy`` stands for that with one spinning process per core.
+Those cores would be busy with the loader's own workers, at their priority:
+``--busy-at-workers-nice`` runs the spinners at each row's worker
+priority (0 for torch's processes and minato's threads, ``worker_nice``
+for minato's worker processes; renicing back to 0 needs root), where
+``--busy`` alone runs them at 0 for every row.
 
 Every system runs in this one process, one after another, on the same
 workload; the figures are samples/s as a fraction of the ideal N/d, in the
@@ -15,7 +20,8 @@ and, for minato, the GIL takes its bindings count per batch
 (rust/bindings/gil_takes.rs: a task entering Python, a collate, each
 return from a GIL-free wait; Python's own hand-overs are not seen).
 
-    python benchmarks/manycore.py [--workers 16 --sleep-ms 3] [--batch 64] [--busy]
+    python benchmarks/manycore.py [--workers 16 --sleep-ms 3] [--batch 64]
+        [--busy [--busy-at-workers-nice]]
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import torch.utils.data as tud
 
 import minato
 from minato._minato import _gil_takes
+from minato._util.priority import worker_nice_value
+from minato.dataloader import DEFAULT_WORKER_NICE
 
 IMAGE = (224, 224, 3)
 WARM_BATCHES = 8
@@ -118,6 +126,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=2.0, help="of ideal work per system")
     parser.add_argument("--busy", action="store_true", help="one spinning process per core")
+    parser.add_argument(
+        "--busy-at-workers-nice",
+        action="store_true",
+        help="the spinners at each row's worker priority (needs root)",
+    )
     parser.add_argument("--only", action="append", help="systems whose name contains this")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message="This DataLoader will create")
@@ -133,7 +146,8 @@ def main() -> None:
     print(
         f"# manycore: {args.workers} workers x {args.sleep_ms} ms, batch {args.batch}, "
         f"{samples} samples, ideal {ideal:,.0f}/s, "
-        f"{'cores kept busy' if args.busy else 'idle cores'}; minato from "
+        f"{'cores kept busy' if args.busy else 'idle cores'}"
+        f"{' at each row workers priority' if args.busy_at_workers_nice else ''}; minato from "
         f"{os.path.dirname(minato.__file__)}"
     )
     try:
@@ -153,6 +167,12 @@ def main() -> None:
                     **options,
                 )
 
+            if args.busy_at_workers_nice:
+                nice = 0
+                if options.get("worker_method") == "multiprocessing":
+                    nice = worker_nice_value(options.get("worker_nice", DEFAULT_WORKER_NICE)) or 0
+                for spinner in spinners:
+                    os.setpriority(os.PRIO_PROCESS, spinner.pid, nice)
             rate, cpu, takes = measure(make)
             gil = "" if use_torch else f"  {takes:6.1f} GIL takes/batch"
             print(
