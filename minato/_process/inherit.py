@@ -144,7 +144,7 @@ def _large_lists_of(obj: Any) -> dict[str, Any]:
     return found
 
 
-def _large_arrays(root: Any, owners: dict[int, tuple[Any, dict[str, Any]]]) -> list[Any]:
+def _large_arrays(root: Any, owners: list[tuple[Any, dict[str, Any]]]) -> list[Any]:
     """The large arrays reachable from `root`; the objects holding large
     lists go into `owners`."""
     found: list[Any] = []
@@ -164,7 +164,7 @@ def _large_arrays(root: Any, owners: dict[int, tuple[Any, dict[str, Any]]]) -> l
         elif not isinstance(obj, (np.ndarray, torch.Tensor, type)):
             lists = _large_lists_of(obj)
             if lists:
-                owners[id(obj)] = (obj, lists)
+                owners.append((obj, lists))
             queue.extend(getattr(obj, "__dict__", {}).values())
     return found
 
@@ -172,30 +172,31 @@ def _large_arrays(root: Any, owners: dict[int, tuple[Any, dict[str, Any]]]) -> l
 def register(dataset: Any) -> None:
     """Call just before the fork server is forked: the dataset's large
     arrays become ones its workers may take from inherited memory."""
-    owners: dict[int, tuple[Any, dict[str, Any]]] = {}
+    owners: list[tuple[Any, dict[str, Any]]] = []
     arrays = _large_arrays(dataset, owners)
     with _lock:
         for array in arrays:
             key = id(array)
             entry = _registry.get(key)
             if entry is None or entry[0]() is not array:
-                _registry[key] = (weakref.ref(array, _forgetter(_registry, key)), _forks)
-        for owner, lists in owners.values():
+                _registry[key] = (weakref.ref(array, _forgetter(key)), _forks)
+        for owner, lists in owners:
             _owner_types.add(type(owner))
             for items in lists.values():
                 if id(items) not in _lists or _lists[id(items)][0] is not items:
                     _lists[id(items)] = (items, tuple(items), _forks)
 
 
-def _forgetter(table: dict[int, Any], key: int) -> Any:
-    """A weak reference's callback: its entry in `table` goes with the object."""
-    lock = _lock  # held here: at interpreter exit the module's names may be gone first
+def _forgetter(key: int) -> Any:
+    """A weak reference's callback: its registry entry goes with the array."""
+    # Held here: at interpreter exit the module's names may be gone first.
+    lock, registry = _lock, _registry
 
     def forget(reference: weakref.ref[Any]) -> None:
         with lock:
-            entry = table.get(key)
+            entry = registry.get(key)
             if entry is not None and entry[0] is reference:
-                del table[key]
+                del registry[key]
 
     return forget
 

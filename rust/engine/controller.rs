@@ -636,40 +636,25 @@ mod tests {
             cores: 4,
             ..ControllerConfig::new(1, 64)
         };
-        let computing = |throughput: f64| Window {
-            compute: Some(0.8),
-            ..window(throughput, 0.0, Some(0.5))
+        // Where every step pays in full: only the cores hold the pool back.
+        let settled = |start: usize, compute: f64, cpu: f64| {
+            let mut controller = Controller::new(config.clone(), start);
+            for _ in 0..12 {
+                let throughput = 100.0 * controller.workers() as f64;
+                controller.observe(Window {
+                    compute: Some(compute),
+                    ..window(throughput, 0.0, Some(cpu))
+                });
+            }
+            controller.workers()
         };
-        let mut controller = Controller::new(config.clone(), 1);
-        for _ in 0..12 {
-            // Every step pays in full: only the cores hold the pool back.
-            let throughput = 100.0 * controller.workers() as f64;
-            controller.observe(computing(throughput));
-        }
-        assert_eq!(controller.workers(), 4);
+        assert_eq!(settled(1, 0.8, 0.5), 4);
         // Four times as many threads as cores, each on a CPU a fifth of its
         // time (waiting for one the rest), keep the cores busy: no more.
-        let sharing = |throughput: f64| Window {
-            compute: Some(0.2),
-            ..window(throughput, 0.0, Some(0.5))
-        };
-        let mut controller = Controller::new(config.clone(), 16);
-        for _ in 0..12 {
-            let throughput = 100.0 * controller.workers() as f64;
-            controller.observe(sharing(throughput));
-        }
-        assert_eq!(controller.workers(), 16);
+        assert_eq!(settled(16, 0.2, 0.5), 16);
         // Workers that mostly wait (I/O) grow past the cores.
-        let waiting = |throughput: f64| Window {
-            compute: Some(0.05),
-            ..window(throughput, 0.0, Some(0.2))
-        };
-        let mut controller = Controller::new(config, 1);
-        for _ in 0..12 {
-            let throughput = 100.0 * controller.workers() as f64;
-            controller.observe(waiting(throughput));
-        }
-        assert!(controller.workers() > 4, "{}", controller.workers());
+        let waiting = settled(1, 0.05, 0.2);
+        assert!(waiting > 4, "{waiting}");
     }
 
     #[test]
