@@ -45,11 +45,16 @@ SCRIPT = textwrap.dedent("""
 
     class Stuck(tud.Dataset):
         # Every sample is stuck for a minute, in the kind of work WORK names.
+        def __init__(self, loader):
+            # Two loaders' worker threads share a process id and may draw the
+            # same index: the marker names the loader too.
+            self.loader = loader
+
         def __len__(self):
             return 64
 
         def __getitem__(self, index):
-            open(os.path.join(MARKERS, f"{os.getpid()}-{index}"), "w").close()
+            open(os.path.join(MARKERS, f"{os.getpid()}-{self.loader}-{index}"), "w").close()
             end = time.monotonic() + 60
             if WORK == "sleep":
                 time.sleep(60)
@@ -67,7 +72,7 @@ SCRIPT = textwrap.dedent("""
             return index
 
 
-    its = [iter(DataLoader(Stuck(), num_workers=2, **OPTIONS)) for _ in range(LOADERS)]
+    its = [iter(DataLoader(Stuck(n), num_workers=2, **OPTIONS)) for n in range(LOADERS)]
     deadline = time.monotonic() + 60
     while len(os.listdir(MARKERS)) < 2 * LOADERS:
         if time.monotonic() > deadline:
