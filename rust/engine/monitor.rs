@@ -99,6 +99,8 @@ struct Adapter {
     task_time: Duration,
     /// The window after a resize only lets the new count take effect: it is
     /// not measured, or a step would be judged on a pool still starting.
+    /// So is the first one: the pool's first workers are starting then, and
+    /// a loop waiting for its first batch would read as starving.
     settling: bool,
     /// How far running tasks had got, in samples, when the window started.
     start_progress: f64,
@@ -114,7 +116,7 @@ impl Adapter {
             steps,
             start,
             task_time: Duration::ZERO,
-            settling: false,
+            settling: true,
             start_progress: 0.0,
         }
     }

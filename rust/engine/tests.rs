@@ -1011,6 +1011,65 @@ fn an_adaptive_engine_grows_on_scaling_work_and_delivers_everything_once() {
     assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
 }
 
+/// Test hooks whose workers but the first take `start` to set up (a worker
+/// thread copying its dataset, a worker process starting).
+struct SlowStart {
+    start: Duration,
+}
+
+impl WorkerHooks for SlowStart {
+    type Payload = Job;
+    type Output = (usize, u64);
+    type State = usize;
+
+    fn init(&self, worker_id: usize) -> usize {
+        if worker_id > 0 {
+            thread::sleep(self.start);
+        }
+        worker_id
+    }
+
+    fn run(&self, worker: &mut usize, _epoch: u64, job: Job) -> Outcome<(usize, u64)> {
+        match job {
+            Job::Value { value, sleep_us } => {
+                thread::sleep(Duration::from_micros(sleep_us));
+                Outcome::Value((*worker, value))
+            }
+            _ => Outcome::Exhausted,
+        }
+    }
+}
+
+#[test]
+fn an_adaptive_pool_is_not_judged_while_its_first_workers_start() {
+    // One worker runs while the other three start: the consumer waits for
+    // every batch then, which must not read as a pool too small.
+    let start = Duration::from_millis(400);
+    let mut cfg = config(4, 8, Order::Completion, Dispatch::Shared);
+    cfg.adaptive = Some(ControllerConfig::new(1, 16));
+    let mut engine = Engine::start(cfg, SlowStart { start }).expect("threads start");
+    let began = Instant::now();
+    let mut received = 0;
+    let mut value = 0;
+    while began.elapsed() < start / 2 {
+        while engine.can_submit() {
+            engine.submit(value_after(value, 200)).unwrap();
+            value += 1;
+        }
+        engine.recv(WAIT).unwrap();
+        received += 1;
+    }
+    assert!(received > 20, "the first worker ran tasks meanwhile: {received}");
+    let history: Vec<usize> = engine
+        .stats()
+        .worker_history
+        .iter()
+        .map(|&(_, n)| n)
+        .collect();
+    assert_eq!(history, [4]);
+    engine.shutdown(WAIT);
+}
+
 #[test]
 fn a_fixed_pool_is_no_longer_resized_by_the_controller() {
     let mut cfg = config(1, 2, Order::Completion, Dispatch::Shared);
