@@ -1059,7 +1059,10 @@ fn an_adaptive_pool_is_not_judged_while_its_first_workers_start() {
         engine.recv(WAIT).unwrap();
         received += 1;
     }
-    assert!(received > 20, "the first worker ran tasks meanwhile: {received}");
+    assert!(
+        received > 20,
+        "the first worker ran tasks meanwhile: {received}"
+    );
     let history: Vec<usize> = engine
         .stats()
         .worker_history
