@@ -87,6 +87,18 @@ CLEAR_WINDOW_S = 0.03
 SERIAL_PARALLEL = 1.3
 SERIAL_CORES = (0.75, 1.2)
 SERIAL_SPARE = 1.4
+# Many threads that sleep (I/O) also use about one core together, each a
+# sliver of its time: from SERIAL_MANY threads at work on, the sign also
+# wants tasks to wait to enter Python, as threads queued for a GIL held all
+# the time do, the longer the more of them there are
+# (SERIAL_GIL_SHARE_PER_THREAD each, at most SERIAL_GIL_SHARE_CAP). Sixteen
+# threads of pure Python waited 64 % of their fetch time; 16-64 threads
+# sleeping 3 ms each, handing round a GIL that is mostly free, 2-13 %. (A
+# few threads are judged by their clocks alone: where cheap samples go to
+# them in runs, the wait is paid once a run and reads low.)
+SERIAL_MANY = 8
+SERIAL_GIL_SHARE_PER_THREAD = 0.03
+SERIAL_GIL_SHARE_CAP = 0.3
 # A training process that keeps this share of the cores busy on threads
 # leaves processes no core to load faster on: while the training loop waits
 # for data (not LOOP_BOUND_WAITED), its GIL delay only delays a wait, and
@@ -436,7 +448,9 @@ class WorkerMethod:
                     True,
                     f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
                 )
-            serial = self._serialised(busy / elapsed, cpu / elapsed if cpu is not None else None)
+            serial = self._serialised(
+                busy / elapsed, cpu / elapsed if cpu is not None else None, share
+            )
             if serial is not None:
                 return self._decide(True, serial)
         if elapsed < MIN_WINDOW_S or samples < MIN_SAMPLES:
@@ -502,9 +516,12 @@ class WorkerMethod:
         return None
 
     @staticmethod
-    def _serialised(parallel: float, cores: float | None) -> str | None:
+    def _serialised(parallel: float, cores: float | None, gil_share: float) -> str | None:
         """Why the workers run one at a time (see SERIAL_CORES), or None."""
         if cores is None or parallel < SERIAL_PARALLEL:
+            return None
+        wanted = min(SERIAL_GIL_SHARE_CAP, SERIAL_GIL_SHARE_PER_THREAD * parallel)
+        if parallel >= SERIAL_MANY and gil_share < wanted:
             return None
         low, high = SERIAL_CORES
         spare = min(parallel, _cores())
@@ -512,7 +529,13 @@ class WorkerMethod:
             return None
         return (
             f"auto: {parallel:.1f} worker threads at work at once used {cores:.2f} cores "
-            "together: the dataset's Python holds the GIL and runs them one at a time"
+            "together"
+            + (
+                f" and waited for the GIL {gil_share:.0%} of their fetch time to enter a task"
+                if parallel >= SERIAL_MANY
+                else ""
+            )
+            + ": the dataset's Python holds the GIL and runs them one at a time"
         )
 
     def _judge_loop(

@@ -1013,8 +1013,10 @@ fn an_adaptive_engine_grows_on_scaling_work_and_delivers_everything_once() {
 
 /// Test hooks whose workers but the first take `start` to set up (a worker
 /// thread copying its dataset, a worker process starting).
+/// Tasks run as [`Hooks`] runs them.
 struct SlowStart {
     start: Duration,
+    hooks: Hooks,
 }
 
 impl WorkerHooks for SlowStart {
@@ -1026,17 +1028,11 @@ impl WorkerHooks for SlowStart {
         if worker_id > 0 {
             thread::sleep(self.start);
         }
-        worker_id
+        self.hooks.init(worker_id)
     }
 
-    fn run(&self, worker: &mut usize, _epoch: u64, job: Job) -> Outcome<(usize, u64)> {
-        match job {
-            Job::Value { value, sleep_us } => {
-                thread::sleep(Duration::from_micros(sleep_us));
-                Outcome::Value((*worker, value))
-            }
-            _ => Outcome::Exhausted,
-        }
+    fn run(&self, worker: &mut usize, epoch: u64, job: Job) -> Outcome<(usize, u64)> {
+        self.hooks.run(worker, epoch, job)
     }
 }
 
@@ -1047,7 +1043,10 @@ fn an_adaptive_pool_is_not_judged_while_its_first_workers_start() {
     let start = Duration::from_millis(400);
     let mut cfg = config(4, 8, Order::Completion, Dispatch::Shared);
     cfg.adaptive = Some(ControllerConfig::new(1, 16));
-    let mut engine = Engine::start(cfg, SlowStart { start }).expect("threads start");
+    let hooks = Hooks {
+        inside: Arc::default(),
+    };
+    let mut engine = Engine::start(cfg, SlowStart { start, hooks }).expect("threads start");
     let began = Instant::now();
     let mut received = 0;
     let mut value = 0;
