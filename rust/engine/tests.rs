@@ -84,6 +84,11 @@ fn start(cfg: EngineConfig) -> (Engine<Hooks>, Arc<AtomicUsize>) {
 
 const WAIT: Duration = Duration::from_secs(10);
 
+/// The pool's sizes over its life, in order.
+fn pool_sizes(stats: &EngineStats) -> Vec<usize> {
+    stats.worker_history.iter().map(|&(_, n)| n).collect()
+}
+
 /// A job that sleeps `sleep_us` microseconds, then returns `value`.
 fn value_after(value: u64, sleep_us: u64) -> Job {
     Job::Value { value, sleep_us }
@@ -1062,12 +1067,7 @@ fn an_adaptive_pool_is_not_judged_while_its_first_workers_start() {
         received > 20,
         "the first worker ran tasks meanwhile: {received}"
     );
-    let history: Vec<usize> = engine
-        .stats()
-        .worker_history
-        .iter()
-        .map(|&(_, n)| n)
-        .collect();
+    let history = pool_sizes(&engine.stats());
     assert_eq!(history, [4]);
     engine.shutdown(WAIT);
 }
@@ -1086,12 +1086,7 @@ fn a_fixed_pool_is_no_longer_resized_by_the_controller() {
         .collect();
     values.sort_unstable();
     assert_eq!(values, (0..600).collect::<Vec<_>>());
-    let history: Vec<usize> = engine
-        .stats()
-        .worker_history
-        .iter()
-        .map(|&(_, n)| n)
-        .collect();
+    let history = pool_sizes(&engine.stats());
     assert_eq!(history, [1, 2]);
     assert_eq!(engine.num_workers(), 2);
     engine.shutdown(WAIT);
@@ -1120,12 +1115,7 @@ fn a_shrunk_pool_lets_idle_workers_go_and_a_grown_one_starts_them() {
     assert_eq!(engine.num_workers(), 3);
     let jobs = instant_values(0..30);
     assert_eq!(run_all(&mut engine, &jobs).len(), 30);
-    let history: Vec<usize> = engine
-        .stats()
-        .worker_history
-        .iter()
-        .map(|&(_, n)| n)
-        .collect();
+    let history = pool_sizes(&engine.stats());
     assert_eq!(history, [4, 1, 3]);
     engine.shutdown(WAIT);
     assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
