@@ -520,8 +520,8 @@ class WorkerMethod:
         """Why the workers run one at a time (see SERIAL_CORES), or None."""
         if cores is None or parallel < SERIAL_PARALLEL:
             return None
-        wanted = min(SERIAL_GIL_SHARE_CAP, SERIAL_GIL_SHARE_PER_THREAD * parallel)
-        if parallel >= SERIAL_MANY and gil_share < wanted:
+        many = parallel >= SERIAL_MANY
+        if many and gil_share < min(SERIAL_GIL_SHARE_CAP, SERIAL_GIL_SHARE_PER_THREAD * parallel):
             return None
         low, high = SERIAL_CORES
         spare = min(parallel, _cores())
@@ -532,7 +532,7 @@ class WorkerMethod:
             "together"
             + (
                 f" and waited for the GIL {gil_share:.0%} of their fetch time to enter a task"
-                if parallel >= SERIAL_MANY
+                if many
                 else ""
             )
             + ": the dataset's Python holds the GIL and runs them one at a time"
