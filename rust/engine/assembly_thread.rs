@@ -1,12 +1,13 @@
-//! The sample-level engine's assembly thread: it takes finished samples off
-//! the workers' result queue, builds batches as soon as their samples are
-//! ready, collates them, and queues them for the consumer. The consumer's
+//! The sample-level engine's assembly thread: it collates the batches the
+//! workers complete (they take them from the assembler as they hand in
+//! their samples, see `SampleShared::deliver`), and queues them for the
+//! consumer. It wakes per batch, not per finished task. The consumer's
 //! thread (the training loop) only takes a finished batch.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{after, never, select, unbounded, Receiver, Sender};
 
@@ -14,7 +15,7 @@ use super::collate::Collate;
 use super::error::EngineError;
 use super::pool::{panic_message, WorkerHooks};
 use super::sample_core::SampleShared;
-use super::task::{Done, Sample};
+use super::task::Sample;
 
 /// What the assembly thread hands the consumer.
 pub(crate) enum Output<B> {
@@ -29,18 +30,12 @@ pub(crate) enum Output<B> {
     Changed,
 }
 
-enum Control {
-    /// Batches may be ready without a new result (a submission or the
-    /// epoch's close changed the plan): look.
-    Check,
-    Stop,
-}
-
 /// A started thread, and the receiver of what it delivers.
 type Started<B> = (AssemblyThread, Receiver<Output<B>>);
 
 pub(crate) struct AssemblyThread {
-    control: Sender<Control>,
+    /// Stops the thread when sent to or dropped.
+    stop: Sender<()>,
     exited: Receiver<()>,
     handle: Option<JoinHandle<()>>,
 }
@@ -49,7 +44,6 @@ impl AssemblyThread {
     /// Starts the thread; what it delivers arrives on the returned receiver.
     pub fn start<S, W, C>(
         shared: Arc<SampleShared<S, W>>,
-        results: Receiver<Done<Vec<Sample<S>>>>,
         collate: C,
     ) -> Result<Started<C::Batch>, EngineError>
     where
@@ -57,7 +51,7 @@ impl AssemblyThread {
         W: WorkerHooks<Output = Vec<Sample<S>>>,
         C: Collate<S>,
     {
-        let (control, control_rx) = unbounded();
+        let (stop, stop_rx) = crossbeam_channel::bounded(1);
         let (exited_tx, exited) = crossbeam_channel::bounded(1);
         // Unbounded: batches in it count toward the engine's in-flight
         // bound on samples, which bounds it.
@@ -66,24 +60,19 @@ impl AssemblyThread {
             .name("minato-collate".to_owned())
             .spawn(move || {
                 collate.enter_thread(&mut || {
-                    run(&shared, &results, &control_rx, &collate, &output_tx);
+                    run(&shared, &stop_rx, &collate, &output_tx);
                 });
                 let _ = exited_tx.send(());
             })
             .map_err(|err| EngineError::Spawn(err.to_string()))?;
         Ok((
             AssemblyThread {
-                control,
+                stop,
                 exited,
                 handle: Some(handle),
             },
             output,
         ))
-    }
-
-    /// Asks the thread to look for ready batches.
-    pub fn check(&self) {
-        let _ = self.control.send(Control::Check);
     }
 
     /// Stops the thread, waiting at most `grace` for a collation it is in;
@@ -92,7 +81,7 @@ impl AssemblyThread {
         let Some(handle) = self.handle.take() else {
             return 0;
         };
-        let _ = self.control.send(Control::Stop);
+        let _ = self.stop.try_send(());
         if self.exited.recv_timeout(grace).is_ok() {
             let _ = handle.join();
             0
@@ -104,43 +93,36 @@ impl AssemblyThread {
 
 fn run<S, W, C>(
     shared: &SampleShared<S, W>,
-    results: &Receiver<Done<Vec<Sample<S>>>>,
-    control: &Receiver<Control>,
+    stop: &Receiver<()>,
     collate: &C,
     output: &Sender<Output<C::Batch>>,
 ) where
     W: WorkerHooks<Output = Vec<Sample<S>>>,
     C: Collate<S>,
 {
+    let wake_ups = shared.wake_ups();
     // Set while the next batch waits for a sample not yet late: it may be
     // late by then, and move on without it.
     let mut wake_in: Option<Duration> = None;
     loop {
         let wake = wake_in.map_or_else(never, after);
-        let done = select! {
-            recv(results) -> done => match done {
-                Ok(done) => Some(done),
-                Err(_) => return, // every worker is gone: the engine shut down
-            },
-            recv(control) -> message => match message {
-                Ok(Control::Check) => None,
-                Ok(Control::Stop) | Err(_) => return,
-            },
-            recv(wake) -> _ => None,
-        };
-        match assemble(shared, done, collate, output) {
+        select! {
+            recv(wake_ups) -> _ => {}
+            recv(stop) -> _ => return, // asked to stop, or the engine is gone
+            recv(wake) -> _ => {}
+        }
+        match assemble(shared, collate, output) {
             Some(next) => wake_in = next,
             None => return,
         }
     }
 }
 
-/// Takes in `done`, then collates and sends every batch it completed.
-/// Returns when to look again without news (the next batch waits for a
-/// sample that may be late by then), or None once the consumer is gone.
+/// Takes the batches waiting and any now ready, then collates and sends
+/// them. Returns when to look again without news (the next batch waits for
+/// a sample that may be late by then), or None once the consumer is gone.
 fn assemble<S, W, C>(
     shared: &SampleShared<S, W>,
-    done: Option<Done<Vec<Sample<S>>>>,
     collate: &C,
     output: &Sender<Output<C::Batch>>,
 ) -> Option<Option<Duration>>
@@ -148,21 +130,18 @@ where
     W: WorkerHooks<Output = Vec<Sample<S>>>,
     C: Collate<S>,
 {
+    #[cfg(test)]
+    shared
+        .passes
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (epoch, batches, changed, wake_in) = {
         let mut core = shared.lock();
-        if let Some(done) = done {
-            core.workers.received(done.worker);
-            shared.notify_received();
-            core.accept(done);
-        }
-        let batches = core.take_ready();
+        core.hand_ready();
+        let batches: Vec<Vec<S>> = core.taken.drain(..).collect();
         let changed = batches.is_empty() && core.no_batch_coming().is_some();
-        (
-            core.workers.epoch(),
-            batches,
-            changed,
-            core.assembler.wake_in(),
-        )
+        let wake_in = core.assembler.wake_in();
+        core.look_at = wake_in.map(|due| Instant::now() + due);
+        (core.workers.epoch(), batches, changed, wake_in)
     };
     for batch in batches {
         let samples = batch.len();

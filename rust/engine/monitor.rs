@@ -384,7 +384,7 @@ mod tests {
         let (release, gate) = bounded::<()>(0);
         let (submit, tasks) = bounded::<Task<()>>(1);
         let (results, finished) = bounded(1);
-        let pool = Pool::start(Gated { release: gate }, vec![tasks], results).unwrap();
+        let pool = Pool::start(Gated { release: gate }, vec![tasks], Arc::new(results)).unwrap();
         let (_stop, stopped) = bounded::<()>(0);
         // A tick of an hour: only the wake-up can end this rest.
         let resting = {
@@ -418,7 +418,7 @@ mod tests {
         let (_release, gate) = bounded::<()>(0);
         let (submit, tasks) = bounded::<Task<()>>(1);
         let (results, _finished) = bounded(1);
-        let pool = Pool::start(Gated { release: gate }, vec![tasks], results).unwrap();
+        let pool = Pool::start(Gated { release: gate }, vec![tasks], Arc::new(results)).unwrap();
         let (stop, stopped) = bounded::<()>(0);
         let resting = {
             let pool = pool.clone();

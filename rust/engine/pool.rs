@@ -62,6 +62,20 @@ pub trait WorkerHooks: Send + Sync + 'static {
     }
 }
 
+/// Where a worker hands each task it finished.
+pub(crate) trait Deliver<O>: Send + Sync {
+    /// Takes `done`; false once nothing takes results any more (the worker
+    /// then leaves).
+    fn deliver(&self, done: Done<O>) -> bool;
+}
+
+/// A queue the consumer (or a thread on its behalf) receives from.
+impl<O: Send> Deliver<O> for Sender<Done<O>> {
+    fn deliver(&self, done: Done<O>) -> bool {
+        self.send(done).is_ok()
+    }
+}
+
 /// A task a worker is running, as the timeout monitor sees it.
 struct Busy {
     /// The task's sequence number.
@@ -232,19 +246,19 @@ impl Drop for LiveGuard {
 pub(crate) struct Pool<W: WorkerHooks> {
     pub shared: Arc<PoolShared>,
     hooks: Arc<W>,
-    results: Sender<Done<W::Output>>,
+    results: Arc<dyn Deliver<W::Output>>,
     /// The queue every worker takes from, when there is one: workers added
     /// while running take from it too.
     shared_tasks: Option<Receiver<Task<W::Payload>>>,
 }
 
 impl<W: WorkerHooks> Pool<W> {
-    /// Starts one thread per task receiver; each sends its finished tasks to
+    /// Starts one thread per task receiver; each hands its finished tasks to
     /// `results`. With a single receiver shared by all, the pool can grow.
     pub fn start(
         hooks: W,
         task_receivers: Vec<Receiver<Task<W::Payload>>>,
-        results: Sender<Done<W::Output>>,
+        results: Arc<dyn Deliver<W::Output>>,
     ) -> Result<Arc<Self>, EngineError> {
         let target = task_receivers.len();
         let shared_tasks = match task_receivers.first() {
@@ -320,7 +334,7 @@ impl<W: WorkerHooks> Pool<W> {
                 counted: true,
                 starting: true,
             };
-            worker_main(worker_id, &*hooks, &tasks, &results, guard)
+            worker_main(worker_id, &*hooks, &tasks, &*results, guard)
         });
         let handle = spawned.map_err(|err| EngineError::Spawn(err.to_string()))?;
         state.live += 1;
@@ -603,7 +617,7 @@ fn worker_main<W: WorkerHooks>(
     worker_id: usize,
     hooks: &W,
     tasks: &Receiver<Task<W::Payload>>,
-    results: &Sender<Done<W::Output>>,
+    results: &dyn Deliver<W::Output>,
     mut live: LiveGuard,
 ) {
     let shared = live.shared.clone();
@@ -703,7 +717,7 @@ fn worker_main<W: WorkerHooks>(
                 slow,
                 finished,
             };
-            if results.send(done).is_err() || retired {
+            if !results.deliver(done) || retired {
                 break;
             }
         }
@@ -754,7 +768,7 @@ mod tests {
         };
         let (task_tx, tasks) = crossbeam_channel::unbounded();
         let (results, _results_rx) = crossbeam_channel::unbounded();
-        let pool = Pool::start(hooks, vec![tasks.clone(), tasks], results).unwrap();
+        let pool = Pool::start(hooks, vec![tasks.clone(), tasks], Arc::new(results)).unwrap();
         assert_eq!(pool.starting_workers(), 2);
         pool.set_target(5);
         assert_eq!(pool.starting_workers(), 5, "added ones too");

@@ -1,28 +1,44 @@
-//! The sample-level engine's state, shared by the consumer (who submits)
-//! and the assembly thread (which receives finished samples, builds the
-//! batches and hands them to the collator).
+//! The sample-level engine's state, shared by the consumer (who submits),
+//! the workers (who hand in finished samples and take the batches they
+//! complete) and the assembly thread (which collates those batches).
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, Receiver, Sender};
 
 use super::assembler::Assembler;
 use super::error::EngineError;
 use super::fetch_times::FetchTimes;
 use super::gil_contention::GilContention;
 use super::monitor::{store_timeout, SharedTimeout};
-use super::pool::WorkerHooks;
+use super::pool::{Deliver, WorkerHooks};
 use super::sample_sequence::Lateness;
 use super::sample_timeout::TimeoutEstimator;
 use super::task::{Done, Finished, Outcome, Sample};
 use super::workers::Workers;
 
+/// A batch's assembly looks again at most this much later than the
+/// moment a sample holding it may turn late: a worker wakes the assembly
+/// thread sooner only for a moment earlier than that (see
+/// `SampleCore::hand_ready`), not for the jitter of every result.
+const LOOK_SLACK: Duration = Duration::from_millis(1);
+
 /// The state behind the lock, and the condition the consumer waits on while
 /// an epoch's running tasks finish.
 pub(crate) struct SampleShared<S, W: WorkerHooks> {
     core: Mutex<SampleCore<S, W>>,
-    /// Notified each time the assembly thread takes a task off the result
-    /// queue: ending an epoch waits for the running ones.
+    /// Notified when the last task sent has been received: ending an epoch
+    /// waits for the running ones.
     task_received: Condvar,
+    /// Wakes the assembly thread: batches wait for it, the consumer must
+    /// look again, or a batch may move on sooner than it planned to look.
+    /// It holds one wake-up: a full queue means one is already waiting.
+    wake: (Sender<()>, Receiver<()>),
+    /// The assembly thread's passes over the state (tests).
+    #[cfg(test)]
+    pub passes: std::sync::atomic::AtomicUsize,
 }
 
 impl<S, W: WorkerHooks> SampleShared<S, W> {
@@ -30,7 +46,20 @@ impl<S, W: WorkerHooks> SampleShared<S, W> {
         SampleShared {
             core: Mutex::new(core),
             task_received: Condvar::new(),
+            wake: bounded(1),
+            #[cfg(test)]
+            passes: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// Asks the assembly thread to look at the state.
+    pub fn wake(&self) {
+        let _ = self.wake.0.try_send(());
+    }
+
+    /// What the assembly thread waits on.
+    pub fn wake_ups(&self) -> Receiver<()> {
+        self.wake.1.clone()
     }
 
     /// The state, locked. Neither side calls into Python while holding it
@@ -42,8 +71,24 @@ impl<S, W: WorkerHooks> SampleShared<S, W> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    pub fn notify_received(&self) {
-        self.task_received.notify_all();
+    /// A worker's finished task: taken in on the worker's own thread, with
+    /// the batches it completes, so the assembly thread wakes per batch
+    /// rather than per task.
+    fn deliver(&self, done: Done<Vec<Sample<S>>>)
+    where
+        W: WorkerHooks<Output = Vec<Sample<S>>>,
+    {
+        let mut core = self.lock();
+        core.workers.received(done.worker);
+        if core.workers.unreceived() == 0 {
+            self.task_received.notify_all();
+        }
+        core.accept(done);
+        let wake = core.hand_ready();
+        drop(core);
+        if wake {
+            self.wake();
+        }
     }
 
     /// Waits until every task sent has been received, or `deadline`
@@ -91,6 +136,13 @@ pub(crate) struct SampleCore<S, W: WorkerHooks> {
     /// not received yet (being collated, or waiting for it), and their samples.
     pub handed_batches: usize,
     pub handed_samples: usize,
+    /// Batches taken from the assembler, in order, for the assembly thread
+    /// to collate: it alone takes them out, so they reach the consumer in
+    /// the order they were taken.
+    pub taken: VecDeque<Vec<S>>,
+    /// When the assembly thread means to look again without news: the next
+    /// batch waits for a sample that may turn late by then.
+    pub look_at: Option<Instant>,
 }
 
 impl<S, W> SampleCore<S, W>
@@ -115,6 +167,8 @@ where
             broken: None,
             handed_batches: 0,
             handed_samples: 0,
+            taken: VecDeque::new(),
+            look_at: None,
         }
     }
 
@@ -163,6 +217,30 @@ where
         batches
     }
 
+    /// Takes every ready batch for the assembly thread. Returns whether it
+    /// must wake: batches wait for it, the consumer must look again (see
+    /// [`Self::no_batch_coming`]), or the next batch may move on past a late
+    /// sample well before the thread means to look.
+    pub fn hand_ready(&mut self) -> bool {
+        let batches = self.take_ready();
+        if !batches.is_empty() {
+            self.taken.extend(batches);
+            return true;
+        }
+        if !self.taken.is_empty() {
+            return false; // a wake-up is on its way
+        }
+        if self.no_batch_coming().is_some() {
+            return true;
+        }
+        let Some(due) = self.assembler.wake_in() else {
+            return false;
+        };
+        let moves_at = Instant::now() + due;
+        self.look_at
+            .map_or(true, |planned| moves_at + LOOK_SLACK < planned)
+    }
+
     /// The consumer received a batch of `samples` samples.
     pub fn delivered(&mut self, samples: usize) {
         self.handed_batches -= 1;
@@ -204,8 +282,45 @@ where
     /// Forgets the epoch's batches (the workers' epoch moved on first).
     pub fn clear_epoch(&mut self) {
         self.assembler.clear();
+        self.taken.clear();
         self.handed_batches = 0;
         self.handed_samples = 0;
+    }
+}
+
+/// The sample engine's end of its workers: each hands its finished task
+/// straight into the shared state (see [`SampleShared::deliver`]).
+pub(crate) struct Handoff<S, W: WorkerHooks> {
+    /// Set once the state exists, before any task is sent; weak, for the
+    /// state owns the workers.
+    shared: OnceLock<Weak<SampleShared<S, W>>>,
+}
+
+impl<S, W: WorkerHooks> Handoff<S, W> {
+    pub fn new() -> Self {
+        Handoff {
+            shared: OnceLock::new(),
+        }
+    }
+
+    pub fn connect(&self, shared: &Arc<SampleShared<S, W>>) {
+        let _ = self.shared.set(Arc::downgrade(shared));
+    }
+}
+
+impl<S, W> Deliver<Vec<Sample<S>>> for Handoff<S, W>
+where
+    S: Send,
+    W: WorkerHooks<Output = Vec<Sample<S>>>,
+{
+    fn deliver(&self, done: Done<Vec<Sample<S>>>) -> bool {
+        match self.shared.get().and_then(Weak::upgrade) {
+            Some(shared) => {
+                shared.deliver(done);
+                true
+            }
+            None => false, // the engine is gone
+        }
     }
 }
 

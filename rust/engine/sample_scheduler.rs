@@ -19,7 +19,7 @@ use super::fetch_times::FetchTimes;
 use super::lifecycle::Lifecycle;
 use super::monitor::{store_timeout, MonitorConfig};
 use super::pool::WorkerHooks;
-use super::sample_core::{SampleCore, SampleShared};
+use super::sample_core::{Handoff, SampleCore, SampleShared};
 use super::sample_timeout::{SampleTimeout, TimeoutEstimator};
 use super::scheduler::FETCH_WINDOW;
 use super::stats::{Ask, EngineStats};
@@ -79,8 +79,6 @@ where
     /// The bound for the pool's size, read when the consumer receives; see
     /// `Engine`'s.
     bound: usize,
-    /// Samples per task in the last batch submitted.
-    last_run_length: usize,
     /// The least time a task should take (see `RUN_TARGET`).
     run_target: Duration,
     max_batch_size: usize,
@@ -124,7 +122,8 @@ where
         // flight. The queues hold that many tasks too, or a send would find
         // them full.
         let max_tasks = max_samples + 2 * max_batch_size;
-        let workers = Workers::start(
+        let handoff = Arc::new(Handoff::new());
+        let workers = Workers::start_delivering(
             hooks,
             Dispatch::Shared,
             config.num_workers,
@@ -134,8 +133,8 @@ where
                 adaptive: config.adaptive,
             },
             config.shutdown_grace,
+            handoff.clone(),
         )?;
-        let results = workers.results();
         let core = SampleCore::new(
             workers,
             Assembler::new(config.drop_last, config.in_sequence),
@@ -144,7 +143,8 @@ where
             FetchTimes::new(FETCH_WINDOW),
         );
         let shared = Arc::new(SampleShared::new(core));
-        let (assembly, output) = match AssemblyThread::start(shared.clone(), results, collate) {
+        handoff.connect(&shared);
+        let (assembly, output) = match AssemblyThread::start(shared.clone(), collate) {
             Ok(started) => started,
             Err(err) => {
                 shared.lock().workers.shutdown(Duration::ZERO);
@@ -157,7 +157,6 @@ where
             output,
             max_samples_in_flight: max_samples,
             bound: max_samples,
-            last_run_length: 1,
             run_target: RUN_TARGET,
             max_batch_size,
             payloads: PhantomData,
@@ -216,7 +215,7 @@ where
     pub fn close_epoch(&mut self) {
         self.shared.lock().assembler.close();
         // A batch cut short may be complete now.
-        self.assembly.check();
+        self.shared.wake();
     }
 
     /// The records of the samples skipped since the last call, this epoch.
@@ -253,6 +252,14 @@ where
         .unwrap_or(1)
     }
 
+    /// The assembly thread's passes over the state so far.
+    #[cfg(test)]
+    pub(crate) fn assembly_passes(&self) -> usize {
+        self.shared
+            .passes
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Queues one batch's samples; the batch delivered in its place has the
     /// same size, built from its own samples in order (but for late ones),
     /// or from whichever samples are ready first.
@@ -275,7 +282,6 @@ where
         let run_target = core.gil_contention.run_target(self.run_target);
         let run_length = run_length(&core.fetch_times, run_target)
             .unwrap_or_else(|| untimed_run_length(run_target, batch.len(), core.workers.live()));
-        self.last_run_length = run_length;
         // Samples already waiting (made up for skipped ones) may fill it.
         let check = core.assembler.ready_samples() > 0;
         core.assembler.planned(batch.len());
@@ -289,7 +295,7 @@ where
         }
         drop(core);
         if check {
-            self.assembly.check();
+            self.shared.wake();
         }
         Ok(())
     }
@@ -314,9 +320,7 @@ where
                 return Err(EngineError::ShutDown);
             }
             self.bound = core.workers.scaled(self.max_samples_in_flight);
-            let ready = core.assembler.ready_samples()
-                + core.handed_samples
-                + core.workers.results_waiting() * self.last_run_length;
+            let ready = core.assembler.ready_samples() + core.handed_samples;
             core.workers.consumer_asks(ask, ready, self.bound)
         };
         loop {
@@ -389,7 +393,7 @@ where
     fn new_epoch(&mut self) -> Result<(), EngineError> {
         let mut core = self.shared.lock();
         let deadline = core.workers.begin_epoch_end()?;
-        // The assembly thread receives the running tasks' results.
+        // The workers hand in their running tasks' results.
         core = self.shared.wait_all_received(core, deadline);
         core.workers.finish_epoch_end();
         core.clear_epoch();

@@ -645,6 +645,24 @@ fn batches_are_collated_off_the_consumers_thread_before_it_asks() {
 }
 
 #[test]
+fn the_assembly_thread_wakes_per_batch_not_per_finished_task() {
+    // One sample a task (each takes longer than a run's target), so every
+    // batch is eight tasks; the workers hand their samples in themselves.
+    let (mut engine, _) = start_samples(2, 32, SampleTimeout::Off, 0);
+    let batches = 8;
+    let delivered = run_batches(&mut engine, &vec![8; batches], &[1_000]);
+    assert_eq!(delivered.len(), batches);
+    let mut values: Vec<u64> = delivered.into_iter().flatten().collect();
+    values.sort_unstable();
+    assert_eq!(values, (0..64).collect::<Vec<_>>());
+    // A pass per batch completed, per submission that found samples
+    // waiting, and one for the epoch's close, at most; wake-ups that come
+    // together are taken in one pass, so a busy machine only lowers it.
+    let passes = engine.assembly_passes();
+    assert!(passes <= 2 * batches + 1, "{passes} passes for 64 tasks");
+}
+
+#[test]
 fn a_new_epoch_drops_the_old_epochs_collated_batches() {
     let (mut engine, collated) = start_collating(None);
     engine.submit((0..4).map(|v| (v, 0)).collect()).unwrap();

@@ -11,7 +11,7 @@ use super::consumer_steps::ConsumerSteps;
 use super::dispatch::{Dispatch, Dispatcher};
 use super::error::EngineError;
 use super::monitor::{Monitor, MonitorConfig};
-use super::pool::{Pool, WorkerHooks};
+use super::pool::{Deliver, Pool, WorkerHooks};
 use super::stats::{Ask, ConsumerWaiting, EngineStats, Occupancy};
 use super::task::{Done, Task};
 
@@ -30,7 +30,9 @@ pub(crate) struct Workers<W: WorkerHooks> {
     /// for it and scale with the pool when it grows.
     initial_workers: usize,
     dispatcher: Dispatcher<W::Payload>,
-    results: Receiver<Done<W::Output>>,
+    /// The result queue, when the workers send to one (see
+    /// [`Self::start_delivering`]).
+    results: Option<Receiver<Done<W::Output>>>,
     /// Tasks sent whose result has not been received yet, any epoch.
     unreceived: usize,
     next_seq: u64,
@@ -53,16 +55,37 @@ impl<W: WorkerHooks> Workers<W> {
         monitor: MonitorConfig,
         shutdown_grace: Duration,
     ) -> Result<Self, EngineError> {
-        let workers = workers.max(1);
-        let capacity = capacity.max(1);
-        let largest_pool = monitor
-            .adaptive
-            .as_ref()
-            .map_or(workers, |adaptive| adaptive.max_workers.max(workers));
-        let queue_capacity = scale(capacity, largest_pool, workers);
-        let (dispatcher, receivers) = Dispatcher::new(dispatch, workers, queue_capacity);
+        let queue_capacity = queue_capacity(workers, capacity, &monitor);
         let (result_tx, results) = bounded(queue_capacity);
-        let pool = Pool::start(hooks, receivers, result_tx)?;
+        let mut started = Self::start_delivering(
+            hooks,
+            dispatch,
+            workers,
+            capacity,
+            monitor,
+            shutdown_grace,
+            Arc::new(result_tx),
+        )?;
+        started.results = Some(results);
+        Ok(started)
+    }
+
+    /// As [`Self::start`], but the workers hand each finished task to
+    /// `deliver` themselves, on their own threads: no result queue, and
+    /// whoever takes the results reports each with [`Self::received`].
+    pub fn start_delivering(
+        hooks: W,
+        dispatch: Dispatch,
+        workers: usize,
+        capacity: usize,
+        monitor: MonitorConfig,
+        shutdown_grace: Duration,
+        deliver: Arc<dyn Deliver<W::Output>>,
+    ) -> Result<Self, EngineError> {
+        let queue_capacity = queue_capacity(workers, capacity, &monitor);
+        let workers = workers.max(1);
+        let (dispatcher, receivers) = Dispatcher::new(dispatch, workers, queue_capacity);
+        let pool = Pool::start(hooks, receivers, deliver)?;
         let occupancy = Arc::new(Occupancy::default());
         let steps = Arc::new(ConsumerSteps::default());
         let signals = (occupancy.clone(), steps.clone());
@@ -81,7 +104,7 @@ impl<W: WorkerHooks> Workers<W> {
             steps,
             initial_workers: workers,
             dispatcher,
-            results,
+            results: None,
             unreceived: 0,
             next_seq: 0,
             shutdown_grace,
@@ -134,7 +157,7 @@ impl<W: WorkerHooks> Workers<W> {
 
     /// Finished tasks waiting in the result queue.
     pub fn results_waiting(&self) -> usize {
-        self.results.len()
+        self.results.as_ref().map_or(0, Receiver::len)
     }
 
     /// The figures the worker side knows; engines add their own.
@@ -191,7 +214,8 @@ impl<W: WorkerHooks> Workers<W> {
 
     /// The next finished task, of any epoch, waiting at most `wait`.
     pub fn recv(&mut self, wait: Duration) -> Result<Done<W::Output>, EngineError> {
-        let done = self.results.recv_timeout(wait).map_err(|err| match err {
+        let results = self.results.as_ref().ok_or(EngineError::WorkersGone)?;
+        let done = results.recv_timeout(wait).map_err(|err| match err {
             RecvTimeoutError::Timeout => EngineError::WaitElapsed,
             RecvTimeoutError::Disconnected => EngineError::WorkersGone,
         })?;
@@ -199,13 +223,7 @@ impl<W: WorkerHooks> Workers<W> {
         Ok(done)
     }
 
-    /// The result queue, for a thread that receives on the consumer's
-    /// behalf; it reports each task it receives with [`Self::received`].
-    pub fn results(&self) -> Receiver<Done<W::Output>> {
-        self.results.clone()
-    }
-
-    /// A task of `worker` was taken off the result queue.
+    /// A task of `worker` was taken off the result queue, or delivered.
     pub fn received(&mut self, worker: usize) {
         self.unreceived -= 1;
         self.dispatcher.received(worker);
@@ -234,13 +252,11 @@ impl<W: WorkerHooks> Workers<W> {
     /// dataset's streams) are waited for: each next task is theirs.
     pub fn end_epoch(&mut self) -> Result<(), EngineError> {
         let deadline = self.begin_epoch_end()?;
+        let results = self.results.clone().ok_or(EngineError::WorkersGone)?;
         while self.unreceived > 0 {
             let received = match deadline {
-                Some(deadline) => self.results.recv_deadline(deadline),
-                None => self
-                    .results
-                    .recv()
-                    .map_err(|_| RecvTimeoutError::Disconnected),
+                Some(deadline) => results.recv_deadline(deadline),
+                None => results.recv().map_err(|_| RecvTimeoutError::Disconnected),
             };
             match received {
                 Ok(_) => self.unreceived -= 1,
@@ -304,6 +320,17 @@ impl<W: WorkerHooks> Workers<W> {
     pub fn shutdown_with_default_grace(&mut self) -> usize {
         self.shutdown(self.shutdown_grace)
     }
+}
+
+/// How many tasks the queues hold: `capacity`, given for `workers`, scaled
+/// to the largest pool the monitor may grow to.
+fn queue_capacity(workers: usize, capacity: usize, monitor: &MonitorConfig) -> usize {
+    let workers = workers.max(1);
+    let largest_pool = monitor
+        .adaptive
+        .as_ref()
+        .map_or(workers, |adaptive| adaptive.max_workers.max(workers));
+    scale(capacity.max(1), largest_pool, workers)
 }
 
 /// `bound` × `workers` / `initial`, rounded up, and never below `bound`.
