@@ -405,7 +405,10 @@ where
     }
 
     fn shutdown(&mut self, grace: Duration) -> usize {
-        let left = self.shared.lock().workers.shutdown(grace);
+        // Waited for unlocked: a worker ending its task hands it in under
+        // the lock.
+        let stopping = self.shared.lock().workers.stop_sending();
+        let left = stopping.map_or(0, |stopping| stopping.wait_for_workers(grace));
         left + self.assembly.stop(grace)
     }
 

@@ -663,6 +663,18 @@ fn the_assembly_thread_wakes_per_batch_not_per_finished_task() {
 }
 
 #[test]
+fn shutdown_waits_for_a_worker_handing_in_its_last_task() {
+    // The worker ends its task while shutdown waits for it, and hands the
+    // task in under the engine's lock: shutdown must not hold that lock.
+    let (mut engine, _) = start_samples(1, 32, SampleTimeout::Off, 0);
+    engine.submit(vec![(0, 0)]).unwrap();
+    engine.submit(vec![(1, 300_000)]).unwrap();
+    // The worker takes the long task as it hands in the first.
+    assert_eq!(engine.recv(WAIT).unwrap(), vec![0]);
+    assert_eq!(engine.shutdown(Duration::from_secs(30)), 0);
+}
+
+#[test]
 fn a_new_epoch_drops_the_old_epochs_collated_batches() {
     let (mut engine, collated) = start_collating(None);
     engine.submit((0..4).map(|v| (v, 0)).collect()).unwrap();

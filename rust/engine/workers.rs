@@ -300,15 +300,25 @@ impl<W: WorkerHooks> Workers<W> {
     /// inside a task (see [`Pool::shutdown`]); idempotent. Returns how many
     /// threads were left to finish their task and exit on their own.
     pub fn shutdown(&mut self, grace: Duration) -> usize {
+        self.stop_sending()
+            .map_or(0, |stopping| stopping.wait_for_workers(grace))
+    }
+
+    /// [`Self::shutdown`]'s first half, for an engine whose workers hand
+    /// their results into state it locks: the monitor stops and no task
+    /// goes out any more (idempotent: None once done). The caller then
+    /// waits for the workers with that state unlocked, for a worker
+    /// finishing its task needs it.
+    pub fn stop_sending(&mut self) -> Option<Stopping<W>> {
         if self.shut_down {
-            return 0;
+            return None;
         }
         self.shut_down = true;
         // The monitor first: it could otherwise start a worker while the
         // pool is stopping.
         self.monitor.stop();
         self.dispatcher.close();
-        self.pool.shutdown(grace)
+        Some(Stopping(self.pool.clone()))
     }
 
     /// The grace `shutdown_with_default_grace` gives.
@@ -319,6 +329,18 @@ impl<W: WorkerHooks> Workers<W> {
     /// [`Self::shutdown`] with the configured grace.
     pub fn shutdown_with_default_grace(&mut self) -> usize {
         self.shutdown(self.shutdown_grace)
+    }
+}
+
+/// Workers that get no more tasks, to be waited for.
+pub(crate) struct Stopping<W: WorkerHooks>(Arc<Pool<W>>);
+
+impl<W: WorkerHooks> Stopping<W> {
+    /// Stops and joins the workers, waiting at most `grace` for one still
+    /// inside a task (see [`Pool::shutdown`]). Returns how many threads were
+    /// left to finish their task and exit on their own.
+    pub fn wait_for_workers(self, grace: Duration) -> usize {
+        self.0.shutdown(grace)
     }
 }
 
