@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
+use super::detach;
 use super::errors::LoaderError;
-use super::{detach, detach_ahead_of_workers};
 use crate::engine::{EngineError, Lifecycle};
 use crate::process::Process;
 
@@ -147,7 +147,7 @@ impl<E: Lifecycle + Send> Locked<E> {
                     .saturating_duration_since(Instant::now())
                     .min(SIGNAL_CHECK_INTERVAL)
             });
-            match detach_ahead_of_workers(py, || recv(&mut self.lock(), wait, false)) {
+            match detach(py, || recv(&mut self.lock(), wait, false)) {
                 Err(EngineError::WaitElapsed) => {
                     if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                         let timeout = timeout.str()?.to_string();

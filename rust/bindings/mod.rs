@@ -39,21 +39,6 @@ where
     result
 }
 
-/// [`detach`] for the training loop's thread: the GIL is taken back ahead
-/// of the workers' next tasks (see `crate::engine::want_gil`).
-pub(crate) fn detach_ahead_of_workers<T, F>(py: Python<'_>, f: F) -> T
-where
-    F: Ungil + Send + FnOnce() -> T,
-    T: Ungil + Send,
-{
-    let (result, wanted) = detach(py, || {
-        let result = f();
-        (result, crate::engine::want_gil())
-    });
-    drop(wanted);
-    result
-}
-
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngine>()?;
     m.add_class::<sample_engine::PySampleEngine>()?;

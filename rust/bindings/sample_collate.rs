@@ -127,9 +127,7 @@ impl Collate<PyResult<Py<PyAny>>> for PythonCollate {
         if self.deferrable && self.cost.defer_next() {
             return PyBatch::Deferred(samples);
         }
-        let wanted = crate::engine::want_gil();
         PyBatch::Collated(Python::attach(|py| {
-            drop(wanted);
             super::gil_takes::took_gil();
             Self::collate_now(&self.collate, &self.error_type, &self.cost, py, samples)
         }))

@@ -20,7 +20,6 @@ impl GilWait {
     /// for the GIL is not slow, and no replacement thread would help it.
     pub fn attach<T>(&self, clock: &TaskClock, f: impl for<'py> FnOnce(Python<'py>) -> T) -> T {
         let pause = clock.pause();
-        crate::engine::let_gil_wanters_go_first();
         Python::attach(|py| {
             super::gil_takes::took_gil();
             let waited = u64::try_from(pause.end().as_nanos()).unwrap_or(u64::MAX);
