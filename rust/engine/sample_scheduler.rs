@@ -16,6 +16,7 @@ use super::controller::ControllerConfig;
 use super::dispatch::Dispatch;
 use super::error::EngineError;
 use super::fetch_times::FetchTimes;
+use super::gil_contention::MAX_CONTENDED_RUN;
 use super::lifecycle::Lifecycle;
 use super::monitor::{store_timeout, MonitorConfig};
 use super::pool::WorkerHooks;
@@ -60,6 +61,11 @@ pub struct SampleEngineConfig {
 pub const RUN_TARGET: Duration = Duration::from_micros(500);
 /// Longest run of samples in one task.
 const MAX_RUN: usize = 64;
+/// Most tasks a second a pool should be given, all its workers together.
+/// Each task costs the consumer's process a hand-over or two of the GIL,
+/// paid there for every worker: past this rate, runs of samples carry that
+/// cost instead of single samples (see [`pooled_run_target`]).
+const MAX_TASK_RATE: f64 = 4000.0;
 
 /// Runs one sample task per run of indices and hands back whole batches,
 /// collated by `C` off the consumer's thread.
@@ -245,11 +251,15 @@ where
     #[cfg(test)]
     pub(crate) fn run_length(&self) -> usize {
         let core = self.shared.lock();
-        run_length(
-            &core.fetch_times,
-            core.gil_contention.run_target(self.run_target),
-        )
-        .unwrap_or(1)
+        run_length(&core.fetch_times, self.task_target(&core)).unwrap_or(1)
+    }
+
+    /// The least time a task should take now: the run target, or longer
+    /// where workers contend to enter the dataset's code or are many.
+    fn task_target(&self, core: &SampleCore<S, W>) -> Duration {
+        core.gil_contention
+            .run_target(self.run_target)
+            .max(pooled_run_target(core.workers.target()))
     }
 
     /// The assembly thread's passes over the state so far.
@@ -277,11 +287,14 @@ where
         if !self.has_room(&core) {
             return Err(EngineError::Full);
         }
-        // Runs long enough for a task's own cost, and for its wait to enter
-        // the dataset's code where workers contend for it.
-        let run_target = core.gil_contention.run_target(self.run_target);
-        let run_length = run_length(&core.fetch_times, run_target)
-            .unwrap_or_else(|| untimed_run_length(run_target, batch.len(), core.workers.live()));
+        // Runs long enough for a task's own cost, for its wait to enter the
+        // dataset's code where workers contend for it, and for the pool's
+        // task rate. Before any sample is timed, only a task's known cost
+        // groups them.
+        let run_length =
+            run_length(&core.fetch_times, self.task_target(&core)).unwrap_or_else(|| {
+                untimed_run_length(self.run_target, batch.len(), core.workers.live())
+            });
         // Samples already waiting (made up for skipped ones) may fill it.
         let check = core.assembler.ready_samples() > 0;
         core.assembler.planned(batch.len());
@@ -372,6 +385,15 @@ fn run_length(fetch_times: &FetchTimes, run_target: Duration) -> Option<usize> {
     }
 }
 
+/// The least time a task should take for `workers` workers together to be
+/// given at most [`MAX_TASK_RATE`] tasks a second, up to the bound on
+/// contended runs: a slow sample holds little behind it in its run. The
+/// pool's target, not its live threads: replacements for slow samples
+/// would otherwise lengthen the runs that slow samples hold up.
+fn pooled_run_target(workers: usize) -> Duration {
+    Duration::from_secs_f64(workers as f64 / MAX_TASK_RATE).min(MAX_CONTENDED_RUN)
+}
+
 /// Samples per task before any sample was timed: one, unless a task is
 /// known to cost more than the default run target (a worker process's
 /// round trip). Then a batch is spread over the `workers`, one run each:
@@ -431,6 +453,14 @@ where
 #[cfg(test)]
 mod untimed_tests {
     use super::*;
+
+    #[test]
+    fn many_workers_share_a_task_rate_up_to_the_contended_runs_bound() {
+        assert!(pooled_run_target(2) <= RUN_TARGET);
+        let for_32 = pooled_run_target(32);
+        assert!((for_32.as_secs_f64() - 0.008).abs() < 1e-6, "{for_32:?}");
+        assert_eq!(pooled_run_target(1000), MAX_CONTENDED_RUN);
+    }
 
     #[test]
     fn untimed_samples_go_one_by_one_unless_tasks_are_known_to_cost_more() {

@@ -879,6 +879,21 @@ fn long_waits_to_enter_send_samples_in_runs() {
 }
 
 #[test]
+fn many_workers_get_samples_in_runs_that_few_would_get_one_by_one() {
+    // 1 ms samples: past the run target, one per task for two workers; 32
+    // workers would be given 32,000 tasks a second, and get runs.
+    let (mut few, _) = start_samples(2, 4096, SampleTimeout::Off, 1);
+    run_batches(&mut few, &[8; 8], &[1_000]);
+    assert_eq!(few.run_length(), 1);
+    let (mut many, _) = start_samples(32, 4096, SampleTimeout::Off, 1);
+    run_batches(&mut many, &[8; 16], &[1_000]);
+    assert!(
+        many.run_length() > 1,
+        "32 workers got 1 ms samples one by one"
+    );
+}
+
+#[test]
 fn a_longer_run_target_sends_costlier_samples_in_runs() {
     let (mut engine, _) = start_samples(1, 4096, SampleTimeout::Off, 1);
     // Samples of 2 ms: past the default target, one per task.

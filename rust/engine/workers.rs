@@ -121,6 +121,12 @@ impl<W: WorkerHooks> Workers<W> {
         self.pool.live_workers()
     }
 
+    /// The workers the pool is kept at (replacements for slow workers
+    /// come on top of it).
+    pub fn target(&self) -> usize {
+        self.pool.target()
+    }
+
     /// Fixes the pool at `workers` for the rest of its life (see `Pool::fix_target`).
     pub fn fix_workers(&self, workers: usize) {
         self.pool.fix_target(workers);
