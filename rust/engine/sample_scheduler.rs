@@ -25,7 +25,7 @@ use super::sample_timeout::{SampleTimeout, TimeoutEstimator};
 use super::scheduler::FETCH_WINDOW;
 use super::stats::{Ask, EngineStats};
 use super::task::Sample;
-use super::workers::Workers;
+use super::workers::{ResultsTo, Workers};
 /// How a sample engine is set up.
 #[derive(Debug, Clone)]
 pub struct SampleEngineConfig {
@@ -129,7 +129,7 @@ where
         // them full.
         let max_tasks = max_samples + 2 * max_batch_size;
         let handoff = Arc::new(Handoff::new());
-        let workers = Workers::start_delivering(
+        let workers = Workers::start(
             hooks,
             Dispatch::Shared,
             config.num_workers,
@@ -139,7 +139,7 @@ where
                 adaptive: config.adaptive,
             },
             config.shutdown_grace,
-            handoff.clone(),
+            ResultsTo::Sink(handoff.clone()),
         )?;
         let core = SampleCore::new(
             workers,

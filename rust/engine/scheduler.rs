@@ -13,7 +13,7 @@ use super::pool::WorkerHooks;
 use super::sequencer::{Order, Sequencer};
 use super::stats::{Ask, EngineStats};
 use super::task::{Done, Finished, Outcome};
-use super::workers::Workers;
+use super::workers::{ResultsTo, Workers};
 
 /// How an engine is set up.
 #[derive(Debug, Clone)]
@@ -63,6 +63,7 @@ impl<W: WorkerHooks> Engine<W> {
                 adaptive: config.adaptive,
             },
             config.shutdown_grace,
+            ResultsTo::Queue,
         )?;
         Ok(Engine {
             workers,

@@ -15,6 +15,15 @@ use super::pool::{Deliver, Pool, WorkerHooks};
 use super::stats::{Ask, ConsumerWaiting, EngineStats, Occupancy};
 use super::task::{Done, Task};
 
+/// Where the workers put the tasks they finish.
+pub(crate) enum ResultsTo<O> {
+    /// A queue the engine receives from ([`Workers::recv`]).
+    Queue,
+    /// A sink each worker hands its tasks to on its own thread; whoever
+    /// takes them reports each with [`Workers::received`].
+    Sink(Arc<dyn Deliver<O>>),
+}
+
 /// How long ending an epoch waits for the tasks still running before it
 /// leaves them to finish beside replacements: long enough for ordinary
 /// tasks, short enough that a stuck one holds nothing up.
@@ -30,8 +39,7 @@ pub(crate) struct Workers<W: WorkerHooks> {
     /// for it and scale with the pool when it grows.
     initial_workers: usize,
     dispatcher: Dispatcher<W::Payload>,
-    /// The result queue, when the workers send to one (see
-    /// [`Self::start_delivering`]).
+    /// The result queue, when the workers send to one ([`ResultsTo::Queue`]).
     results: Option<Receiver<Done<W::Output>>>,
     /// Tasks sent whose result has not been received yet, any epoch.
     unreceived: usize,
@@ -54,37 +62,23 @@ impl<W: WorkerHooks> Workers<W> {
         capacity: usize,
         monitor: MonitorConfig,
         shutdown_grace: Duration,
+        results_to: ResultsTo<W::Output>,
     ) -> Result<Self, EngineError> {
-        let queue_capacity = queue_capacity(workers, capacity, &monitor);
-        let (result_tx, results) = bounded(queue_capacity);
-        let mut started = Self::start_delivering(
-            hooks,
-            dispatch,
-            workers,
-            capacity,
-            monitor,
-            shutdown_grace,
-            Arc::new(result_tx),
-        )?;
-        started.results = Some(results);
-        Ok(started)
-    }
-
-    /// As [`Self::start`], but the workers hand each finished task to
-    /// `deliver` themselves, on their own threads: no result queue, and
-    /// whoever takes the results reports each with [`Self::received`].
-    pub fn start_delivering(
-        hooks: W,
-        dispatch: Dispatch,
-        workers: usize,
-        capacity: usize,
-        monitor: MonitorConfig,
-        shutdown_grace: Duration,
-        deliver: Arc<dyn Deliver<W::Output>>,
-    ) -> Result<Self, EngineError> {
-        let queue_capacity = queue_capacity(workers, capacity, &monitor);
         let workers = workers.max(1);
+        let capacity = capacity.max(1);
+        let largest_pool = monitor
+            .adaptive
+            .as_ref()
+            .map_or(workers, |adaptive| adaptive.max_workers.max(workers));
+        let queue_capacity = scale(capacity, largest_pool, workers);
         let (dispatcher, receivers) = Dispatcher::new(dispatch, workers, queue_capacity);
+        let (deliver, results): (Arc<dyn Deliver<W::Output>>, _) = match results_to {
+            ResultsTo::Queue => {
+                let (result_tx, results) = bounded(queue_capacity);
+                (Arc::new(result_tx), Some(results))
+            }
+            ResultsTo::Sink(sink) => (sink, None),
+        };
         let pool = Pool::start(hooks, receivers, deliver)?;
         let occupancy = Arc::new(Occupancy::default());
         let steps = Arc::new(ConsumerSteps::default());
@@ -104,7 +98,7 @@ impl<W: WorkerHooks> Workers<W> {
             steps,
             initial_workers: workers,
             dispatcher,
-            results: None,
+            results,
             unreceived: 0,
             next_seq: 0,
             shutdown_grace,
@@ -348,17 +342,6 @@ impl<W: WorkerHooks> Stopping<W> {
     pub fn wait_for_workers(self, grace: Duration) -> usize {
         self.0.shutdown(grace)
     }
-}
-
-/// How many tasks the queues hold: `capacity`, given for `workers`, scaled
-/// to the largest pool the monitor may grow to.
-fn queue_capacity(workers: usize, capacity: usize, monitor: &MonitorConfig) -> usize {
-    let workers = workers.max(1);
-    let largest_pool = monitor
-        .adaptive
-        .as_ref()
-        .map_or(workers, |adaptive| adaptive.max_workers.max(workers));
-    scale(capacity.max(1), largest_pool, workers)
 }
 
 /// `bound` × `workers` / `initial`, rounded up, and never below `bound`.
