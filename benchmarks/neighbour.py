@@ -173,7 +173,7 @@ def total(system: str, dataset: tud.Dataset, workers: int, step: Step) -> tuple[
     if system != "torch":
         stats = loader.stats()
         peak = max((n for _, n in stats.worker_history), default=0)
-        reason = (stats.worker_method_reason or "").split(",")[0]
+        reason = (stats.worker_method_reason or "")[:90]
         how = f"{stats.worker_method}, peak {peak} workers ({reason})"
     del loader
     return took, statistics.mean(times), how

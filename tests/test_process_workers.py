@@ -970,6 +970,36 @@ def test_a_loop_that_sets_the_pace_tries_processes_and_keeps_them_if_it_runs_fas
     assert method.processes and "25.0 batches/s on them against 20.0" in method.reason
 
 
+def test_a_loop_that_sets_the_pace_tries_processes_once_its_second_batch_shows_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A short epoch of GPU-like steps (10 batches): the wait for the workers'
+    # first batch is their start-up, not the loop waiting for data, and the
+    # trial's threads side is the loop's steps so far, not a second more of
+    # them slowed by the threads.
+    clock = _Clock(0.0)
+    monkeypatch.setattr(_worker_method, "time", clock)
+    method = WorkerMethod("auto")
+    figures = {"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "fetch_p50": 0.005, "cpu": 0.0}
+    method.observe(figures)
+    clock.now = 0.1
+    method.batch_received(clock.now, 0.1)
+    # Before a second batch the loop's pace is unknown.
+    assert method.observe(dict(figures, samples_loaded=16, busy=0.09, cpu=0.05)) is None
+    verdicts, batches = [], 1
+    while not method.wants_processes and batches < 20:
+        clock.now += 0.08
+        batches += 1
+        method.batch_received(clock.now, 0.002)
+        figures = dict(figures, samples_loaded=16 * batches, busy=0.09 * batches)
+        verdicts.append(method.observe(dict(figures, cpu=0.05 * batches)))
+    assert verdicts == ["move"] and "sets the pace" in method.reason, method.reason
+    assert not method.ready_for_processes()
+    clock.now += 0.08
+    method.batch_received(clock.now, 0.002)
+    assert method.ready_for_processes()
+
+
 def test_a_loop_that_sets_the_pace_goes_back_to_threads_unless_processes_gain(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -18,18 +18,20 @@ Python holds the GIL, which threads can only share:
   threads slow the training loop, even a single worker.
 
 Either past its threshold puts the loader on processes *on trial*, and so
-does, after ``DECIDE_AFTER_S``, a loop GIL delay past half the bound, or a
-training loop that keeps the workers ahead of it (it waited for
-data under ``LOOP_BOUND_WAITED`` of its time: a GPU-bound loop, whose
-speed is all that counts): there the probe, taken as a batch arrives,
-finds the workers idle, as a full queue leaves them, while during the
-loop's step they run and take its GIL. The trial then asks the question
-directly: the training loop's own rate, batches per second as it receives
-them (what the user's program gets done, the loop's steps and waits
-together), is measured on threads first, then on processes, and the
-loader keeps the faster, for good (those two trials keep processes only
-if the loop ran ``TRIAL_GAIN`` faster on them: otherwise the threads did
-not slow it). Processes that do not pay (a loop the GIL does not slow
+do a training loop that keeps the workers ahead of it (it waited for data
+under ``LOOP_BOUND_WAITED`` of its time since its first batch, the
+workers' start-up left out: a GPU-bound loop, whose speed is all that
+counts), as soon as its second batch shows it, and, after
+``DECIDE_AFTER_S``, a loop GIL delay past half the bound. Where the loop
+sets the pace, the probe, taken as a batch arrives, finds the workers
+idle, as a full queue leaves them, while during the loop's step they run
+and take its GIL. The trial then asks the question directly: the training
+loop's own rate, batches per second as it receives them (what the user's
+program gets done, the loop's steps and waits together), is measured on
+threads first (for a loop that sets the pace, its steps so far), then on
+processes, and the loader keeps the faster, for good (those two trials
+keep processes only if the loop ran ``TRIAL_GAIN`` faster on them:
+otherwise the threads did not slow it). Processes that do not pay (a loop the GIL does not slow
 much, a dataset whose samples cost more to send than to make) go back to
 threads. Both signals well below their threshold for ``DECIDE_AFTER_S``,
 the loop waiting for data, keeps threads and ends the probing.
@@ -222,6 +224,10 @@ class _Window:
     cpu: float | None
     # The loop's time waiting for batches, until the window started.
     waited: float = 0.0
+    # Its waits for the workers' first batch, and the batches after the
+    # first, until the window started.
+    started_up: float = 0.0
+    paced_batches: int = 0
     # This process's CPU time (all its threads) when the window started.
     process_cpu: float = 0.0
 
@@ -285,6 +291,11 @@ class WorkerMethod:
         # The loop's time waiting for batches, and whether the trial under
         # way must show a gain (see LOOP_BOUND_WAITED).
         self._waited = 0.0
+        # The waits for the first batch from new workers: their start-up, not
+        # the loop's pace (left out of the share of its time it waits).
+        self._start_up = 0.0
+        # The batches after those first ones, which show the loop's pace.
+        self._paced_batches = 0
         self._gain_wanted = False
         # Whether the trial's thread side is short though a gain is wanted
         # (see _judge_loop).
@@ -303,7 +314,7 @@ class WorkerMethod:
 
     def restart_window(self, figures: dict[str, float] | None = None) -> None:
         """Measurements start over (new workers: their start-up is not evidence)."""
-        self._window = None if figures is None else self._window_of(figures, self._waited)
+        self._window = None if figures is None else self._window_of(figures, *self._waits)
         self._probe_total, self._probes = 0.0, 0
         self._last_batch = None  # no interval spans two epochs
 
@@ -317,8 +328,12 @@ class WorkerMethod:
         its rate is measured for the trial. Returns ``"revert"`` when the
         trial finds processes slower than threads (the loader goes back to
         threads for good), else None."""
-        self._waited += waited
         last, self._last_batch = self._last_batch, now
+        if last is None:
+            self._start_up += waited
+        else:
+            self._waited += waited
+            self._paced_batches += 1
         if last is None or self.requested != "auto":
             return None
         if not self.processes:
@@ -366,8 +381,14 @@ class WorkerMethod:
             CLEAR_THREADS_MIN_S, CLEAR_THREADS_MIN_BATCHES
         )
 
+    @property
+    def _waits(self) -> tuple[float, float, int]:
+        return self._waited, self._start_up, self._paced_batches
+
     @staticmethod
-    def _window_of(figures: dict[str, float], waited: float) -> _Window:
+    def _window_of(
+        figures: dict[str, float], waited: float, started_up: float, paced_batches: int
+    ) -> _Window:
         samples = int(figures["samples_loaded"])
         return _Window(
             time.perf_counter(),
@@ -376,6 +397,8 @@ class WorkerMethod:
             samples,
             figures.get("cpu"),
             waited,
+            started_up,
+            paced_batches,
             time.process_time(),
         )
 
@@ -407,11 +430,14 @@ class WorkerMethod:
             return None
         window = self._window
         if window is None:
-            self._window = self._window_of(figures, self._waited)
+            self._window = self._window_of(figures, *self._waits)
             return None
         elapsed = time.perf_counter() - window.started
-        waited_share = (self._waited - window.waited) / elapsed if elapsed > 0 else 1.0
-        loop_bound = can_trial and waited_share < LOOP_BOUND_WAITED
+        paced_for = elapsed - (self._start_up - window.started_up)
+        waited_share = (self._waited - window.waited) / paced_for if paced_for > 0 else 1.0
+        # Not before the loop has shown its pace: a batch after the first.
+        paced = self._paced_batches > window.paced_batches
+        loop_bound = can_trial and paced and waited_share < LOOP_BOUND_WAITED
         samples = int(figures["samples_loaded"]) - window.samples
         busy = figures["busy"] - window.busy
         gil_wait = figures["gil_wait"] - window.gil_wait
@@ -472,6 +498,11 @@ class WorkerMethod:
                 f"auto: the process keeps {cores_busy:.0%} of the cores busy on threads "
                 "while the training loop waits for data: processes would not load faster",
             )
+        if loop_bound:
+            return self._try_for_the_loop(
+                f"the training loop sets the pace (it waited for data {waited_share:.0%} "
+                "of its time), and worker threads may slow it"
+            )
         # A few probes suffice when the delay is far past the bound.
         clear = self._probes >= 2 and judged >= CLEAR_DELAY_FACTOR * LOOP_DELAY_BOUND_S
         if self._probes < MIN_PROBES and not clear:
@@ -495,17 +526,14 @@ class WorkerMethod:
             )
         borderline = can_trial and judged >= LOOP_DELAY_TRIAL_S
         if elapsed < DECIDE_AFTER_S:
-            return "warm" if loop_bound or borderline else None
-        if loop_bound or borderline:
+            return "warm" if borderline else None
+        if borderline:
             self._gain_wanted = True
-            why = (
-                f"the training loop sets the pace (it waited for data {waited_share:.0%} "
-                "of its time)"
-                if loop_bound
-                else f"the training loop waited {delay * 1e3:.2f} ms on average to take "
-                "the GIL back"
+            return self._decide(
+                True,
+                f"auto: the training loop waited {delay * 1e3:.2f} ms on average to take "
+                "the GIL back, and worker threads may slow it",
             )
-            return self._decide(True, f"auto: {why}, and worker threads may slow it")
         self._decide(
             False,
             f"auto: the work releases the GIL (workers' GIL wait {share:.0%}, "
@@ -546,26 +574,29 @@ class WorkerMethod:
         if elapsed < MIN_WINDOW_S or samples < MIN_SAMPLES:
             return "warm" if loop_bound else None
         delayed = self._probes >= MIN_PROBES and judged >= LOOP_DELAY_TRIAL_S
-        if can_trial and (loop_bound or delayed):
+        kept = "where an earlier loader of this dataset kept threads"
+        if loop_bound:
+            return self._try_for_the_loop(f"the training loop sets the pace, {kept}")
+        if can_trial and delayed:
             self._gain_wanted = True
-            # A loop that sets the pace has shown its steps on threads with
-            # every batch so far: those are the threads' side (a second more
-            # of them would be all of a short epoch).
-            self._short_threads_side = loop_bound
-            why = (
-                "the training loop sets the pace"
-                if loop_bound
-                else f"the training loop waited {judged * 1e3:.2f} ms on average to take "
-                "the GIL back"
-            )
             return self._decide(
-                True, f"auto: {why}, where an earlier loader of this dataset kept threads"
+                True,
+                f"auto: the training loop waited {judged * 1e3:.2f} ms on average to take "
+                f"the GIL back, {kept}",
             )
         if elapsed >= DECIDE_AFTER_S:
             reason = self.reason
             self._decide(False, self._inherited_why)
             self.reason = reason
         return None
+
+    def _try_for_the_loop(self, why: str) -> str | None:
+        """A trial on processes for a training loop that sets the pace, kept
+        only if the loop gains on them. Its steps on threads with every batch
+        so far are the threads' side: a second more of them, slowed by the
+        threads wherever they slow it, would be all of a short epoch."""
+        self._gain_wanted = self._short_threads_side = True
+        return self._decide(True, f"auto: {why}")
 
     def _decide(self, processes: bool, reason: str) -> str | None:
         self.decided = True
