@@ -31,6 +31,7 @@ from torch.utils.data._utils.collate import default_collate
 import minato
 import minato.io
 from minato._loader.collate import fast_default_collate
+from minato._process import method as _worker_method
 from minato._util import warn_once as _warn_once
 
 pytestmark = pytest.mark.timeout(120)
@@ -342,6 +343,22 @@ def test_an_iterable_dataset_epoch_cannot_go_on_in_the_child() -> None:
     assert new_epoch == EPOCH
     assert samples_of(head + lists(it)) == EPOCH
     # Between epochs, iter() in the child is just a new epoch.
+    assert in_fork_child(lambda: samples_of(lists(loader))) == EPOCH
+    assert samples_of(lists(loader)) == EPOCH
+
+
+def test_worker_processes_started_in_a_fork_child_have_their_own_worker_ids(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a fork child the fork server starts afresh, forked from the worker
+    thread that first wants a process (here: auto decided processes for an
+    earlier loader of the dataset's type). The processes it forks must not
+    take that thread's WorkerInfo for theirs: each stream would be that
+    worker's, read twice. (Seen as a flaky test under load, where auto
+    moved this module's Stream loader to processes.)"""
+    monkeypatch.setitem(_worker_method._decided_for, Stream, (True, "auto: decided for the test"))
+    loader = minato.DataLoader(Stream(), batch_size=4, num_workers=2, persistent_workers=True)
+    assert samples_of(lists(loader)) == EPOCH
     assert in_fork_child(lambda: samples_of(lists(loader))) == EPOCH
     assert samples_of(lists(loader)) == EPOCH
 

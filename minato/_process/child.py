@@ -34,6 +34,7 @@ from minato._process import ipc as _ipc
 from minato._task.runner import EXHAUSTED, WORKER_NOUN, WorkerSpec, make_runner
 from minato._task.seed import SampleRun, seed_process
 from minato._thread.generators import set_process_initial_seed
+from minato._thread.worker_info import set_thread_worker_info
 from minato._util.priority import lower_process_priority
 
 
@@ -76,6 +77,11 @@ def _set_up(spec: WorkerSpec, worker_id: int) -> None:
     import numpy as np
 
     np.random.seed(_torch_worker._generate_state(spec.base_seed, worker_id))
+    # The fork server may have been forked from a worker thread (one that
+    # wanted a process first, in a fork child of the training process): that
+    # thread's WorkerInfo, which get_worker_info() reads before torch's
+    # global, would be every process's.
+    set_thread_worker_info(None)
     _torch_worker._worker_info = _torch_worker.WorkerInfo(
         id=worker_id,
         num_workers=spec.num_workers,
