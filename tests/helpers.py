@@ -33,6 +33,24 @@ def wait_for_thread_count(expected: int, within_s: float = 10.0) -> int:
         time.sleep(0.02)
 
 
+def os_threads() -> set[str]:
+    """This process's threads as the OS sees them, by thread id."""
+    return set(os.listdir("/proc/self/task"))
+
+
+def threads_left_since(before: set[str], within_s: float = 10.0) -> set[str]:
+    """Waits (collecting garbage) until every thread started since `before`
+    has ended; returns those still running. Threads of `before` may end
+    meanwhile (a warm-up thread of an earlier test's loader)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        gc.collect()
+        left = os_threads() - before
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.02)
+
+
 def assert_same(a: Any, b: Any, path: str = "batch") -> None:
     """Element-for-element equality of two batches, types included."""
     assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"

@@ -1315,7 +1315,10 @@ def test_a_dataset_that_computes_without_the_gil_tries_processes_in_its_first_ep
     )
     assert len(list(loader)) == len(loader)
     reason = loader.stats().worker_method_reason or ""
-    assert "the workers compute" in reason, reason
+    # Its trial's reason: the workers' CPU clocks, or, on a loaded machine,
+    # the loop's GIL probe (whose re-take waits for a core too) past its
+    # bound first.
+    assert "the workers compute" in reason or "to take the GIL back" in reason, reason
     del loader
     assert wait_until(lambda: not workers_of_this_process())
 

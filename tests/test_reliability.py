@@ -139,9 +139,9 @@ class StuckOnce(tud.Dataset):
 def test_the_next_epoch_does_not_wait_for_a_stuck_sample(shuffle: bool) -> None:
     import threading
 
-    from helpers import os_thread_count, wait_for_thread_count
+    from helpers import os_threads, threads_left_since
 
-    before = os_thread_count()
+    before = os_threads()
     release = threading.Event()
     dataset = StuckOnce(release)
     loader = minato.DataLoader(
@@ -171,4 +171,4 @@ def test_the_next_epoch_does_not_wait_for_a_stuck_sample(shuffle: bool) -> None:
         release.set()
     del first
     del loader
-    assert wait_for_thread_count(before) == before
+    assert not threads_left_since(before)
