@@ -55,14 +55,20 @@ impl CollateCost {
         self.mean_nanos.store(updated, Ordering::Relaxed);
     }
 
-    /// Whether the next batch is left to the consumer: while its cost is
-    /// unknown too, so that the first batch, which the consumer waits for
-    /// while the workers start (each taking the GIL), needs no hand-over.
+    /// Whether the next batch is left to the consumer. While its cost is
+    /// unknown, only the first batch is, which the consumer waits
+    /// for while the workers start (each taking the GIL): it then needs no
+    /// hand-over. Every batch assembled before that one is collated would
+    /// otherwise go to the consumer too, however costly: a prefetch of
+    /// image batches collated on the training loop's thread, with its
+    /// intra-op threads.
     fn defer_next(&self) -> bool {
         let mean = self.mean_nanos.load(Ordering::Relaxed);
         let batch = self.batches.fetch_add(1, Ordering::Relaxed);
-        (mean == 0 || Duration::from_nanos(mean) < CHEAP_COLLATE)
-            && (batch + 1) % REMEASURE_EVERY != 0
+        if mean == 0 {
+            return batch == 0;
+        }
+        Duration::from_nanos(mean) < CHEAP_COLLATE && (batch + 1) % REMEASURE_EVERY != 0
     }
 }
 
