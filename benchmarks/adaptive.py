@@ -10,8 +10,9 @@ Each workload runs 5000 samples (io-short: 3000) (batch_size 32, shuffle=True: t
 training set-up) through minato.DataLoader with adaptive=False at each fixed
 count, then once with adaptive=True starting from num_workers=2. Throughput
 is samples/s over the epoch; "reached" is the share of the epoch's samples
-delivered before the adaptive loader first ran within 10% of the best fixed
-count's throughput (measured over a sliding window of batches). A PNG per
+delivered (and the seconds into it) before the adaptive loader first ran
+within 10% of the best fixed count's throughput (measured over a sliding
+window of batches), beside when the pool reached its peak size. A PNG per
 run shows the adaptive loader's worker count and throughput over time.
 
     python benchmarks/adaptive.py [--only io] [--samples 5000] [--plot benchmarks/adaptive.png]
@@ -112,12 +113,13 @@ def run(dataset, num_workers: int, adaptive: bool):
     return delivered / elapsed, times, counts, loader.stats()
 
 
-def reached_at(times, counts, target_rate: float, window: int = 8) -> float | None:
-    """Share of the epoch delivered before the sliding-window rate first reached target."""
+def reached_at(times, counts, target_rate: float, window: int = 8) -> tuple[float, float] | None:
+    """(Share of the epoch delivered, seconds into it) before the
+    sliding-window rate first reached target."""
     for i in range(window, len(times)):
         rate = (counts[i] - counts[i - window]) / max(times[i] - times[i - window], 1e-9)
         if rate >= target_rate:
-            return counts[i - window] / counts[-1]
+            return counts[i - window] / counts[-1], times[i - window]
     return None
 
 
@@ -175,11 +177,16 @@ def main() -> None:
         reached = reached_at(times, counts, 0.9 * best)
         final = stats.worker_history[-1][1]
         peak = max(n for _, n in stats.worker_history)
+        peak_at = next(at for at, n in stats.worker_history if n == peak)
         print(
             f"  adaptive from 2:     {rate:8.0f} samples/s = {rate / best:.2f}x best fixed "
-            f"({best_workers} workers); final {final}, peak {peak} workers; "
+            f"({best_workers} workers); final {final}, peak {peak} workers at {peak_at:.2f} s; "
             f"0.9x best first reached after "
-            + ("never" if reached is None else f"{reached:.1%} of the epoch")
+            + (
+                "never"
+                if reached is None
+                else f"{reached[0]:.1%} of the epoch ({reached[1]:.2f} s)"
+            )
         )
         print(
             f"  gil wait {stats.gil_share and stats.gil_share:.0%} of fetch time"
