@@ -797,11 +797,7 @@ def test_a_clear_sign_moves_after_two_batches_on_threads(clear: bool) -> None:
 def test_workers_plainly_serialised_by_the_gil_move_after_a_few_samples(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clock = _Clock(0.0)
-    monkeypatch.setattr(_worker_method, "time", clock)
-    method = WorkerMethod("auto")
-    figures = {"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0}
-    method.observe(figures)
+    clock, method, figures = _auto_on_a_clock(monkeypatch)
     # 30 ms and 16 samples in, the two threads waited half their time.
     clock.now = _worker_method.CLEAR_WINDOW_S
     figures = {"samples_loaded": 16, "busy": 0.06, "gil_wait": 0.03, "cpu": 0.03}
@@ -912,6 +908,19 @@ class _Clock:
         self.now += self.probe_delay  # the probe's wait to take the GIL back
 
 
+def _auto_on_a_clock(
+    monkeypatch: pytest.MonkeyPatch, **figures: float
+) -> tuple[_Clock, WorkerMethod, dict[str, float]]:
+    """An auto WorkerMethod on a clock of the test's, having seen the engine's
+    first figures (nothing loaded yet; `figures` adds or replaces some)."""
+    clock = _Clock(0.0)
+    monkeypatch.setattr(_worker_method, "time", clock)
+    method = WorkerMethod("auto")
+    first = {"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0, **figures}
+    method.observe(first)
+    return clock, method, first
+
+
 def _loop_bound_run(
     monkeypatch: pytest.MonkeyPatch,
     waited: float,
@@ -977,11 +986,7 @@ def test_a_loop_that_sets_the_pace_tries_processes_once_its_second_batch_shows_i
     # first batch is their start-up, not the loop waiting for data, and the
     # trial's threads side is the loop's steps so far, not a second more of
     # them slowed by the threads.
-    clock = _Clock(0.0)
-    monkeypatch.setattr(_worker_method, "time", clock)
-    method = WorkerMethod("auto")
-    figures = {"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "fetch_p50": 0.005, "cpu": 0.0}
-    method.observe(figures)
+    clock, method, figures = _auto_on_a_clock(monkeypatch, fetch_p50=0.005)
     clock.now = 0.1
     method.batch_received(clock.now, 0.1)
     # Before a second batch the loop's pace is unknown.
