@@ -19,6 +19,8 @@ from helpers import (
     assert_prefetch_bounded,
     assert_same,
     os_thread_count,
+    os_threads,
+    threads_left_since,
     wait_for_thread_count,
 )
 
@@ -221,19 +223,19 @@ def test_threads_exit_after_a_finished_epoch() -> None:
 
 
 def test_threads_exit_after_break() -> None:
-    before = os_thread_count()
+    before = os_threads()
     for i, _ in enumerate(minato.DataLoader(RangeDataset(100), batch_size=2, num_workers=3)):
         if i == 1:
             break
-    assert wait_for_thread_count(before) == before
+    assert not threads_left_since(before)
 
 
 def test_threads_exit_after_an_exception_in_the_consumer() -> None:
-    before = os_thread_count()
+    before = os_threads()
     with pytest.raises(ZeroDivisionError):
         for batch in minato.DataLoader(RangeDataset(100), batch_size=2, num_workers=3):
             batch.sum().item() / 0
-    assert wait_for_thread_count(before) == before
+    assert not threads_left_since(before)
 
 
 def test_threads_exit_after_an_exception_in_a_worker() -> None:
@@ -243,10 +245,10 @@ def test_threads_exit_after_an_exception_in_a_worker() -> None:
                 raise ValueError("boom")
             return i
 
-    before = os_thread_count()
+    before = os_threads()
     with pytest.raises(ValueError):
         list(minato.DataLoader(Fails(100), batch_size=2, num_workers=3))
-    assert wait_for_thread_count(before) == before
+    assert not threads_left_since(before)
 
 
 def test_threads_exit_on_del_loader_with_persistent_workers() -> None:
@@ -261,7 +263,7 @@ def test_threads_exit_on_del_loader_with_persistent_workers() -> None:
 
 
 def test_threads_exit_when_a_reference_cycle_is_collected() -> None:
-    before = os_thread_count()
+    before = os_threads()
     loader = minato.DataLoader(
         RangeDataset(20), batch_size=2, num_workers=2, persistent_workers=True
     )
@@ -269,22 +271,22 @@ def test_threads_exit_when_a_reference_cycle_is_collected() -> None:
     loader.cycle = loader  # only the garbage collector can free it now
     del loader
     gc.collect()
-    assert wait_for_thread_count(before) == before
+    assert not threads_left_since(before)
 
 
 def test_lightning_style_iterator_reset_frees_the_threads() -> None:
-    before = os_thread_count()
+    before = os_threads()
     loader = minato.DataLoader(
         RangeDataset(20), batch_size=2, num_workers=2, persistent_workers=True
     )
     next(iter(loader))
     loader._iterator = None
-    assert wait_for_thread_count(before) == before
+    assert not threads_left_since(before)
 
 
 def test_keyboard_interrupt_leaves_a_loop_blocked_on_a_stuck_sample() -> None:
     dataset = Gate(10)
-    before = os_thread_count()
+    before = os_threads()
     timer = threading.Timer(0.3, _thread.interrupt_main)
     timer.start()
     try:
@@ -297,7 +299,7 @@ def test_keyboard_interrupt_leaves_a_loop_blocked_on_a_stuck_sample() -> None:
     finally:
         timer.cancel()
         dataset.open.set()
-    assert wait_for_thread_count(before) == before
+    assert not threads_left_since(before)
 
 
 def test_interpreter_exit_with_live_workers_is_clean(tmp_path) -> None:

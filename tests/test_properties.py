@@ -7,7 +7,7 @@ import time
 
 import torch
 import torch.utils.data as tud
-from helpers import assert_same, os_thread_count, wait_for_thread_count
+from helpers import assert_same, os_threads, threads_left_since
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -60,7 +60,7 @@ def _sampler(kind: str, dataset: tud.Dataset, seed: int, rank: int = 0, world: i
 @given(workload=workloads)
 def test_same_batches_as_torch_exactly_once_and_no_leaked_thread(workload) -> None:
     delays = workload["delays"]
-    before = os_thread_count()
+    before = os_threads()
 
     def make(cls, num_workers):
         dataset = DelayedDataset(delays)
@@ -109,7 +109,7 @@ def test_same_batches_as_torch_exactly_once_and_no_leaked_thread(workload) -> No
     delivered = [i for batch in got for i in batch.tolist()]
     assert len(delivered) == len(set(delivered)) or workload["sampler"] == "distributed"
     del loader
-    assert wait_for_thread_count(before) == before
+    assert not threads_left_since(before)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -162,7 +162,7 @@ def test_in_order_false_keeps_torchs_batch_sizes_and_every_index_once(
 
 
 def test_many_loaders_at_once_from_several_consumer_threads() -> None:
-    before = os_thread_count()
+    before = os_threads()
     results: dict[int, list[int]] = {}
 
     def consume(k: int) -> None:
@@ -175,7 +175,7 @@ def test_many_loaders_at_once_from_several_consumer_threads() -> None:
     for t in threads:
         t.join(60)
     assert all(results[k] == list(range(30)) for k in range(4))
-    assert wait_for_thread_count(before) == before
+    assert not threads_left_since(before)
 
 
 reordering_workloads = st.fixed_dictionaries(
@@ -203,7 +203,7 @@ reordering_workloads = st.fixed_dictionaries(
 def test_reordered_batches_have_torchs_sizes_and_every_index_exactly_once(workload) -> None:
     """Sample-level reordering under random per-sample delays, timeouts that flag
     slow samples (and start replacement workers), samplers and early breaks."""
-    before = os_thread_count()
+    before = os_threads()
     dataset = DelayedDataset(workload["delays"])
 
     def make(cls, **kwargs):
@@ -244,4 +244,4 @@ def test_reordered_batches_have_torchs_sizes_and_every_index_exactly_once(worklo
             for i in got_indices:
                 remaining.remove(i)
     del loader
-    assert wait_for_thread_count(before) == before
+    assert not threads_left_since(before)

@@ -13,8 +13,8 @@ from helpers import (
     RangeDataset,
     ShardedIterable,
     assert_prefetch_bounded,
-    os_thread_count,
-    wait_for_thread_count,
+    os_threads,
+    threads_left_since,
 )
 
 import minato
@@ -283,7 +283,7 @@ def test_persistent_workers_reorder_every_epoch_and_recover_from_a_break() -> No
 
 
 def test_threads_exit_after_a_break_with_slow_samples_in_flight() -> None:
-    before = os_thread_count()
+    before = os_threads()
     dataset = Blocking(40, blocked={0, 1}, fast_s=0.001)
     it = iter(
         minato.DataLoader(dataset, batch_size=4, num_workers=2, in_order=False, sample_timeout=0.02)
@@ -293,7 +293,7 @@ def test_threads_exit_after_a_break_with_slow_samples_in_flight() -> None:
     assert wait_until(lambda: engine.num_workers >= 3)
     it = engine = None  # a break: the stuck workers are left to finish their sample
     dataset.release.set()
-    assert wait_for_thread_count(before) == before
+    assert not threads_left_since(before)
 
 
 class _RepeatSampler:
