@@ -31,10 +31,11 @@ program gets done, the loop's steps and waits together), is measured on
 threads first (for a loop that sets the pace, its steps so far), then on
 processes, and the loader keeps the faster, for good (those two trials
 keep processes only if the loop ran ``TRIAL_GAIN`` faster on them:
-otherwise the threads did not slow it). Processes that do not pay (a loop the GIL does not slow
-much, a dataset whose samples cost more to send than to make) go back to
-threads. Both signals well below their threshold for ``DECIDE_AFTER_S``,
-the loop waiting for data, keeps threads and ends the probing.
+otherwise the threads did not slow it). Processes that do not pay (a loop
+the GIL does not slow much, a dataset whose samples cost more to send than
+to make) go back to threads. Both signals well below their threshold for
+``DECIDE_AFTER_S``, the loop waiting for data, keeps threads and ends the
+probing.
 
 A third signal needs no GIL at all: the worker threads' own CPU clocks
 (read in Rust around each task). Workers on a CPU for ``COMPUTE_SHARE`` of
@@ -314,7 +315,7 @@ class WorkerMethod:
 
     def restart_window(self, figures: dict[str, float] | None = None) -> None:
         """Measurements start over (new workers: their start-up is not evidence)."""
-        self._window = None if figures is None else self._window_of(figures, *self._waits)
+        self._window = None if figures is None else self._window_of(figures)
         self._probe_total, self._probes = 0.0, 0
         self._last_batch = None  # no interval spans two epochs
 
@@ -381,24 +382,18 @@ class WorkerMethod:
             CLEAR_THREADS_MIN_S, CLEAR_THREADS_MIN_BATCHES
         )
 
-    @property
-    def _waits(self) -> tuple[float, float, int]:
-        return self._waited, self._start_up, self._paced_batches
-
-    @staticmethod
-    def _window_of(
-        figures: dict[str, float], waited: float, started_up: float, paced_batches: int
-    ) -> _Window:
-        samples = int(figures["samples_loaded"])
+    def _window_of(self, figures: dict[str, float]) -> _Window:
+        """A window starting now, from the engine's `figures` and the loop's
+        waits so far."""
         return _Window(
             time.perf_counter(),
             figures["gil_wait"],
             figures["busy"],
-            samples,
+            int(figures["samples_loaded"]),
             figures.get("cpu"),
-            waited,
-            started_up,
-            paced_batches,
+            self._waited,
+            self._start_up,
+            self._paced_batches,
             time.process_time(),
         )
 
@@ -430,7 +425,7 @@ class WorkerMethod:
             return None
         window = self._window
         if window is None:
-            self._window = self._window_of(figures, *self._waits)
+            self._window = self._window_of(figures)
             return None
         elapsed = time.perf_counter() - window.started
         paced_for = elapsed - (self._start_up - window.started_up)
