@@ -22,15 +22,21 @@ def os_thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def wait_for_thread_count(expected: int, within_s: float = 10.0) -> int:
-    """Waits (collecting garbage) until at most `expected` threads remain; returns the count."""
+def _settled(read: Callable[[], Any], done: Callable[[Any], bool], within_s: float) -> Any:
+    """Reads `read()` (collecting garbage first) until `done` accepts it or
+    `within_s` has passed; returns the last reading."""
     deadline = time.monotonic() + within_s
     while True:
         gc.collect()
-        count = os_thread_count()
-        if count <= expected or time.monotonic() > deadline:
-            return count
+        value = read()
+        if done(value) or time.monotonic() > deadline:
+            return value
         time.sleep(0.02)
+
+
+def wait_for_thread_count(expected: int, within_s: float = 10.0) -> int:
+    """Waits (collecting garbage) until at most `expected` threads remain; returns the count."""
+    return _settled(os_thread_count, lambda count: count <= expected, within_s)
 
 
 def os_threads() -> set[str]:
@@ -42,13 +48,7 @@ def threads_left_since(before: set[str], within_s: float = 10.0) -> set[str]:
     """Waits (collecting garbage) until every thread started since `before`
     has ended; returns those still running. Threads of `before` may end
     meanwhile (a warm-up thread of an earlier test's loader)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        gc.collect()
-        left = os_threads() - before
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.02)
+    return _settled(lambda: os_threads() - before, lambda left: not left, within_s)
 
 
 def assert_same(a: Any, b: Any, path: str = "batch") -> None:
