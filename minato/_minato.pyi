@@ -65,7 +65,8 @@ class Engine:
 class SampleEngine:
     """Worker threads loading single samples (``make_worker(id)(epoch, indices)``),
     delivering batches built from whichever samples are ready first, each
-    made by ``collate(tags, samples, error)`` on the engine's collate thread,
+    made by ``collate(tags, samples, error)`` on the engine's collate thread
+    or, with ``collate_anywhere``, on the worker thread that completes it;
     or, where ``collate_here`` is given, a cheap batch by
     ``collate_here(tags, samples, error)`` on the consumer's thread (the
     workers' ``(tag, sample)`` pairs split, and ``error`` the first sample that
@@ -89,6 +90,7 @@ class SampleEngine:
         shutdown_grace: float,
         max_workers: int | None = None,
         drop_last: bool = False,
+        collate_anywhere: bool = False,
     ) -> SampleEngine: ...
     @property
     def num_workers(self) -> int: ...

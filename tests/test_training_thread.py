@@ -174,6 +174,64 @@ def test_a_costly_collate_stays_off_the_consumers_thread() -> None:
     assert threads.count(threading.get_ident()) <= 8
 
 
+def _thread_names_collating(collate_fn) -> set[str]:
+    """The names of the OS threads that ran `collate_fn` (wrapped to record
+    them) over a shuffled epoch of costly batches."""
+    native: list[int] = []
+
+    def costly(samples):
+        native.append(threading.get_native_id())
+        busy_until = time.perf_counter() + 0.001
+        while time.perf_counter() < busy_until:
+            pass
+        return collate_fn(samples)
+
+    costly.draws_no_random = getattr(collate_fn, "draws_no_random", False)
+    names: set[str] = set()
+    # On threads for good: a loader that may move to worker processes gets
+    # a user's collate_fn its samples from them still pickled, to be made
+    # on its collate thread.
+    loader = minato.DataLoader(
+        RangeDataset(256),
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        collate_fn=costly,
+        worker_method="thread",
+        # No sample is ever late: a batch moved on past a late one is taken
+        # (and collated) by the collate thread, whose timer moved it.
+        sample_timeout=None,
+    )
+    values = []
+    for batch in loader:
+        values.extend(int(v) for v in batch)
+        # Read while the loader's threads live: a thread's name goes with it.
+        for tid in set(native):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as comm:
+                    names.add(comm.read().strip())
+            except FileNotFoundError:
+                pass
+        native.clear()
+    assert sorted(values) == list(range(256))
+    return names
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for thread names")
+def test_a_collate_that_draws_no_random_numbers_runs_on_the_workers_completing_batches() -> None:
+    # As torch's workers each collate their batch: one collate thread among
+    # many workers gets a core as seldom as any of them. Which worker collates
+    # changes nothing it computes, for a collate that draws no random numbers.
+    names = _thread_names_collating(marked_no_random(lambda samples: default_collate(samples)))
+    # (The first batch goes to the consumer, which waits for it anyway.)
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm") as comm:
+        names.discard(comm.read().strip())
+    assert names and all(name.startswith("minato-worker") for name in names), names
+    # A user's collate_fn may draw from the generators it would have in a
+    # worker process: the collate thread's, the same whichever batch it is.
+    assert _thread_names_collating(lambda samples: default_collate(samples)) == {"minato-collate"}
+
+
 def _intra_op_threads_after_epochs(loader_type, **options) -> list[int]:
     counts = [torch.get_num_threads()]
     loader = loader_type(RangeDataset(64), batch_size=4, num_workers=2, **options)

@@ -734,6 +734,12 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
                 if not self._pin_memory and draws_no_random(self._collate_fn)
                 else None
             ),
+            # A collate that draws no random numbers computes the same on
+            # any thread: the worker completing a batch collates it, as torch's
+            # workers do, where one collate thread would get a core as seldom
+            # as any of many workers. A user's collate_fn keeps the collate
+            # thread (its generators; samples from processes opened there).
+            collate_anywhere=draws_no_random(self._collate_fn) and not opens_samples,
             skipped_type=Skipped,
             error_type=ExceptionWrapper,
             # in_order=None: the sampler's order, but for a sample that runs

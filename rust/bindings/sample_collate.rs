@@ -84,6 +84,10 @@ pub(crate) struct PythonCollate {
     /// collate that draws no random numbers and pins nothing (the
     /// thread's own generators and pinning stay off the loop's thread).
     pub deferrable: bool,
+    /// Whether the worker thread completing a batch may collate it (see
+    /// `Collate::any_thread`): a collate that draws no random numbers, so
+    /// that the thread it runs on changes nothing it computes.
+    pub any_thread: bool,
     pub cost: CollateCost,
 }
 
@@ -127,6 +131,10 @@ impl Collate<PyResult<Py<PyAny>>> for PythonCollate {
     /// `worker::attach_for_thread_life`): the GIL is held only in `collate`.
     fn enter_thread(&self, body: &mut (dyn FnMut() + Send)) {
         hang_on_thread_exit(|| Python::attach(|py| py.detach(body)));
+    }
+
+    fn any_thread(&self) -> bool {
+        self.any_thread
     }
 
     fn collate(&self, samples: Samples) -> PyBatch {

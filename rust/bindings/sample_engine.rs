@@ -20,7 +20,8 @@ type Engine = SampleEngine<Py<PyAny>, PyResult<Py<PyAny>>, PythonSampleWorker, P
 /// Worker threads loading single samples (`make_worker(id)(epoch, indices)`),
 /// delivering batches built from whichever samples are ready first, each
 /// made by `collate(tags, samples, error)` on the engine's collate thread
-/// (see `PythonCollate`), or, where `collate_here` is given, a cheap batch by
+/// (see `PythonCollate`) or, with `collate_anywhere`, on the worker thread
+/// that completes it; or, where `collate_here` is given, a cheap batch by
 /// `collate_here(tags, samples, error)` on the
 /// consumer's thread (a function that leaves that thread's settings alone).
 #[pyclass(name = "SampleEngine", module = "minato._minato", frozen)]
@@ -39,7 +40,7 @@ pub(crate) struct PySampleEngine {
 impl PySampleEngine {
     #[new]
     #[allow(clippy::too_many_arguments)] // one per keyword argument
-    #[pyo3(signature = (make_worker, collate, *, collate_here, skipped_type, error_type, in_sequence, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace, max_workers=None, drop_last=false))]
+    #[pyo3(signature = (make_worker, collate, *, collate_here, skipped_type, error_type, in_sequence, num_workers, max_samples_in_flight, max_batch_size, sample_timeout, timeout_warmup, max_slow_in_flight, shutdown_grace, max_workers=None, drop_last=false, collate_anywhere=false))]
     fn new(
         py: Python<'_>,
         make_worker: Py<PyAny>,
@@ -57,6 +58,7 @@ impl PySampleEngine {
         shutdown_grace: f64,
         max_workers: Option<usize>,
         drop_last: bool,
+        collate_anywhere: bool,
     ) -> PyResult<Self> {
         let sample_timeout = match sample_timeout {
             None => SampleTimeout::Off,
@@ -95,6 +97,7 @@ impl PySampleEngine {
             collate,
             error_type: error_type.clone_ref(py),
             deferrable,
+            any_thread: collate_anywhere,
             cost: collate_cost.clone(),
         };
         let engine = detach(py, || Engine::start_collating(config, hooks, stage))

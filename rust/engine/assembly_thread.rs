@@ -3,7 +3,12 @@
 //! their samples, see `SampleShared::deliver`), and queues them for the
 //! consumer. It wakes per batch, not per finished task. The consumer's
 //! thread (the training loop) only takes a finished batch.
+//!
+//! Where a batch may be collated on any thread (`Collate::any_thread`),
+//! the worker completing it collates it instead, and the thread only moves
+//! batches on past late samples and tells the consumer what changed.
 
+use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -19,15 +24,67 @@ use super::task::Sample;
 
 /// What the assembly thread hands the consumer.
 pub(crate) enum Output<B> {
-    /// A collated batch of `epoch`, of `samples` samples.
+    /// A collated batch of `epoch`, of `samples` samples, the `ordinal`th
+    /// taken that epoch: collated on several threads, batches may arrive out
+    /// of that order.
     Batch {
         epoch: u64,
+        ordinal: u64,
         samples: usize,
         batch: B,
     },
     /// No batch, but the state changed in a way the waiting consumer must
     /// see (broken, starved, or nothing left pending): it looks again.
     Changed,
+}
+
+/// Collates the batches taken and queues them for the consumer, on
+/// whichever thread took them (see [`SampleShared::collate_taken`]).
+pub(crate) trait CollateTaken<S>: Send + Sync {
+    /// Whether the workers collate the batches they complete.
+    fn on_workers(&self) -> bool;
+
+    /// Collates `batch`, the `ordinal`th taken in `epoch`, and queues it:
+    /// the collate's panic message if it panicked, or Err once the
+    /// consumer is gone.
+    fn collate_one(&self, epoch: u64, ordinal: u64, batch: Vec<S>) -> Result<Option<String>, ()>;
+
+    /// Tells the consumer to look at the state again; false once it is gone.
+    fn changed(&self) -> bool;
+}
+
+/// The engine's collate and the queue to the consumer.
+struct Collator<C: Collate<S>, S> {
+    collate: C,
+    output: Sender<Output<C::Batch>>,
+    samples: PhantomData<fn(S)>,
+}
+
+impl<S: Send + 'static, C: Collate<S>> CollateTaken<S> for Collator<C, S> {
+    fn on_workers(&self) -> bool {
+        self.collate.any_thread()
+    }
+
+    fn collate_one(&self, epoch: u64, ordinal: u64, batch: Vec<S>) -> Result<Option<String>, ()> {
+        let samples = batch.len();
+        match catch_unwind(AssertUnwindSafe(|| self.collate.collate(batch))) {
+            Ok(batch) => self
+                .output
+                .send(Output::Batch {
+                    epoch,
+                    ordinal,
+                    samples,
+                    batch,
+                })
+                .map(|()| None)
+                .map_err(|_| ()),
+            Err(payload) => Ok(Some(panic_message(&*payload))),
+        }
+    }
+
+    fn changed(&self) -> bool {
+        self.output.send(Output::Changed).is_ok()
+    }
 }
 
 /// A started thread, and the receiver of what it delivers.
@@ -56,11 +113,17 @@ impl AssemblyThread {
         // Unbounded: batches in it count toward the engine's in-flight
         // bound on samples, which bounds it.
         let (output_tx, output) = unbounded();
+        let collator = Arc::new(Collator {
+            collate,
+            output: output_tx,
+            samples: PhantomData,
+        });
+        shared.set_collator(collator.clone());
         let handle = std::thread::Builder::new()
             .name("minato-collate".to_owned())
             .spawn(move || {
-                collate.enter_thread(&mut || {
-                    run(&shared, &stop_rx, &collate, &output_tx);
+                collator.collate.enter_thread(&mut || {
+                    run(&shared, &stop_rx, &*collator);
                 });
                 let _ = exited_tx.send(());
             })
@@ -91,14 +154,9 @@ impl AssemblyThread {
     }
 }
 
-fn run<S, W, C>(
-    shared: &SampleShared<S, W>,
-    stop: &Receiver<()>,
-    collate: &C,
-    output: &Sender<Output<C::Batch>>,
-) where
+fn run<S, W>(shared: &SampleShared<S, W>, stop: &Receiver<()>, collator: &dyn CollateTaken<S>)
+where
     W: WorkerHooks<Output = Vec<Sample<S>>>,
-    C: Collate<S>,
 {
     let wake_ups = shared.wake_ups();
     // Set while the next batch waits for a sample not yet late: it may be
@@ -111,7 +169,7 @@ fn run<S, W, C>(
             recv(stop) -> _ => return, // asked to stop, or the engine is gone
             recv(wake) -> _ => {}
         }
-        match assemble(shared, collate, output) {
+        match assemble(shared, collator) {
             Some(next) => wake_in = next,
             None => return,
         }
@@ -121,14 +179,12 @@ fn run<S, W, C>(
 /// Takes the batches waiting and any now ready, then collates and sends
 /// them. Returns when to look again without news (the next batch waits for
 /// a sample that may be late by then), or None once the consumer is gone.
-fn assemble<S, W, C>(
+fn assemble<S, W>(
     shared: &SampleShared<S, W>,
-    collate: &C,
-    output: &Sender<Output<C::Batch>>,
+    collator: &dyn CollateTaken<S>,
 ) -> Option<Option<Duration>>
 where
     W: WorkerHooks<Output = Vec<Sample<S>>>,
-    C: Collate<S>,
 {
     #[cfg(test)]
     shared
@@ -137,41 +193,16 @@ where
     let (epoch, batches, changed, wake_in) = {
         let mut core = shared.lock();
         core.hand_ready();
-        let batches: Vec<Vec<S>> = core.taken.drain(..).collect();
+        let batches: Vec<(u64, Vec<S>)> = core.taken.drain(..).collect();
         let changed = batches.is_empty() && core.no_batch_coming().is_some();
         let wake_in = core.assembler.wake_in();
         core.look_at = wake_in.map(|due| Instant::now() + due);
         (core.workers.epoch(), batches, changed, wake_in)
     };
-    for batch in batches {
-        let samples = batch.len();
-        // Outside the lock: collating calls the user's code.
-        match catch_unwind(AssertUnwindSafe(|| collate.collate(batch))) {
-            Ok(batch) => {
-                if output
-                    .send(Output::Batch {
-                        epoch,
-                        samples,
-                        batch,
-                    })
-                    .is_err()
-                {
-                    return None;
-                }
-            }
-            Err(payload) => {
-                let mut core = shared.lock();
-                if core.workers.epoch() == epoch {
-                    core.broken = Some(EngineError::CollatorPanicked(panic_message(&*payload)));
-                }
-                drop(core);
-                if output.send(Output::Changed).is_err() {
-                    return None;
-                }
-            }
-        }
+    if !shared.collate_taken(epoch, batches) {
+        return None;
     }
-    if changed && output.send(Output::Changed).is_err() {
+    if changed && !collator.changed() {
         return None;
     }
     // A batch delivered may have been held by a sample that is no longer

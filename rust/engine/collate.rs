@@ -14,6 +14,16 @@ pub trait Collate<S>: Send + Sync + 'static {
     }
 
     fn collate(&self, samples: Vec<S>) -> Self::Batch;
+
+    /// Whether a batch may be collated on whichever worker thread completes
+    /// it, in parallel with others, instead of on the engine's one collate
+    /// thread: a collate whose result does not depend on the thread it runs
+    /// on (one that draws no random numbers from a thread's generators).
+    /// Many workers then share the collates, as whole-batch workers do,
+    /// where one collate thread among them gets a core as seldom as any.
+    fn any_thread(&self) -> bool {
+        false
+    }
 }
 
 /// Delivers the samples as they are: the batch is the list of samples.
@@ -24,5 +34,9 @@ impl<S: Send + 'static> Collate<S> for Uncollated {
 
     fn collate(&self, samples: Vec<S>) -> Vec<S> {
         samples
+    }
+
+    fn any_thread(&self) -> bool {
+        true
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver, Sender};
 
 use super::assembler::Assembler;
+use super::assembly_thread::CollateTaken;
 use super::error::EngineError;
 use super::fetch_times::FetchTimes;
 use super::gil_contention::GilContention;
@@ -36,6 +37,9 @@ pub(crate) struct SampleShared<S, W: WorkerHooks> {
     /// look again, or a batch may move on sooner than it planned to look.
     /// It holds one wake-up: a full queue means one is already waiting.
     wake: (Sender<()>, Receiver<()>),
+    /// What collates the batches taken and queues them for the consumer:
+    /// set once the assembly thread starts, before any task is sent.
+    collator: OnceLock<Arc<dyn CollateTaken<S>>>,
     /// The assembly thread's passes over the state (tests).
     #[cfg(test)]
     pub passes: std::sync::atomic::AtomicUsize,
@@ -47,6 +51,7 @@ impl<S, W: WorkerHooks> SampleShared<S, W> {
             core: Mutex::new(core),
             task_received: Condvar::new(),
             wake: bounded(1),
+            collator: OnceLock::new(),
             #[cfg(test)]
             passes: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -55,6 +60,38 @@ impl<S, W: WorkerHooks> SampleShared<S, W> {
     /// Asks the assembly thread to look at the state.
     pub fn wake(&self) {
         let _ = self.wake.0.try_send(());
+    }
+
+    /// Connects the collator (see `AssemblyThread::start`).
+    pub fn set_collator(&self, collator: Arc<dyn CollateTaken<S>>) {
+        let _ = self.collator.set(collator);
+    }
+
+    /// Collates `batches`, taken in `epoch` with their ordinals, on the
+    /// calling thread, outside the lock (collating calls the user's code),
+    /// and queues them; a collate that panicked breaks the epoch. False
+    /// once the consumer is gone.
+    pub fn collate_taken(&self, epoch: u64, batches: Vec<(u64, Vec<S>)>) -> bool {
+        let Some(collator) = self.collator.get() else {
+            return true;
+        };
+        for (ordinal, batch) in batches {
+            match collator.collate_one(epoch, ordinal, batch) {
+                Err(()) => return false,
+                Ok(None) => {}
+                Ok(Some(panic)) => {
+                    let mut core = self.lock();
+                    if core.workers.epoch() == epoch {
+                        core.broken = Some(EngineError::CollatorPanicked(panic));
+                    }
+                    drop(core);
+                    if !collator.changed() {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
     }
 
     /// What the assembly thread waits on.
@@ -73,22 +110,32 @@ impl<S, W: WorkerHooks> SampleShared<S, W> {
 
     /// A worker's finished task: taken in on the worker's own thread, with
     /// the batches it completes, so the assembly thread wakes per batch
-    /// rather than per task.
-    fn deliver(&self, done: Done<Vec<Sample<S>>>)
+    /// rather than per task. Where any thread may collate them (see
+    /// `Collate::any_thread`) the worker collates those batches itself, as
+    /// a whole-batch worker does, and the assembly thread wakes only for
+    /// what else changed. False once the consumer is gone.
+    fn deliver(&self, done: Done<Vec<Sample<S>>>) -> bool
     where
         W: WorkerHooks<Output = Vec<Sample<S>>>,
     {
+        let on_workers = self.collator.get().is_some_and(|c| c.on_workers());
         let mut core = self.lock();
         core.workers.received(done.worker);
         if core.workers.unreceived() == 0 {
             self.task_received.notify_all();
         }
         core.accept(done);
-        let wake = core.hand_ready();
+        let (wake, epoch, batches) = if on_workers {
+            let batches = core.take_ready();
+            (core.wants_look(), core.workers.epoch(), batches)
+        } else {
+            (core.hand_ready(), 0, Vec::new())
+        };
         drop(core);
         if wake {
             self.wake();
         }
+        batches.is_empty() || self.collate_taken(epoch, batches)
     }
 
     /// Waits until every task sent has been received, or `deadline`
@@ -136,10 +183,13 @@ pub(crate) struct SampleCore<S, W: WorkerHooks> {
     /// not received yet (being collated, or waiting for it), and their samples.
     pub handed_batches: usize,
     pub handed_samples: usize,
-    /// Batches taken from the assembler, in order, for the assembly thread
-    /// to collate: it alone takes them out, so they reach the consumer in
-    /// the order they were taken.
-    pub taken: VecDeque<Vec<S>>,
+    /// Batches taken from the assembler, with their ordinals, for the
+    /// assembly thread to collate.
+    pub taken: VecDeque<(u64, Vec<S>)>,
+    /// The ordinal of the next batch taken this epoch: batches collated on
+    /// several threads reach the consumer out of order, and it puts them
+    /// back in this order.
+    pub next_ordinal: u64,
     /// When the assembly thread means to look again without news: the next
     /// batch waits for a sample that may turn late by then.
     pub look_at: Option<Instant>,
@@ -168,6 +218,7 @@ where
             handed_batches: 0,
             handed_samples: 0,
             taken: VecDeque::new(),
+            next_ordinal: 0,
             look_at: None,
         }
     }
@@ -205,15 +256,20 @@ where
     }
 
     /// Every batch whose samples are ready, taken from the assembler in
-    /// order; the consumer counts them as coming.
-    pub fn take_ready(&mut self) -> Vec<Vec<S>> {
+    /// order, with its ordinal; the consumer counts them as coming.
+    pub fn take_ready(&mut self) -> Vec<(u64, Vec<S>)> {
         let workers = &self.workers;
         let late_after = self.timeout.late_after();
         let late = |task: u64| lateness(workers.task_worked(task), late_after);
         let assembler = &mut self.assembler;
-        let batches: Vec<Vec<S>> = std::iter::from_fn(|| assembler.pop_batch(late)).collect();
+        let first = self.next_ordinal;
+        let batches: Vec<(u64, Vec<S>)> = std::iter::from_fn(|| assembler.pop_batch(late))
+            .zip(first..)
+            .map(|(batch, ordinal)| (ordinal, batch))
+            .collect();
+        self.next_ordinal += batches.len() as u64;
         self.handed_batches += batches.len();
-        self.handed_samples += batches.iter().map(Vec::len).sum::<usize>();
+        self.handed_samples += batches.iter().map(|(_, batch)| batch.len()).sum::<usize>();
         batches
     }
 
@@ -230,6 +286,13 @@ where
         if !self.taken.is_empty() {
             return false; // a wake-up is on its way
         }
+        self.wants_look()
+    }
+
+    /// Whether the assembly thread must look, batches aside: the consumer
+    /// must look again, or the next batch may move on past a late sample
+    /// well before the thread means to look.
+    pub fn wants_look(&self) -> bool {
         if self.no_batch_coming().is_some() {
             return true;
         }
@@ -283,6 +346,7 @@ where
     pub fn clear_epoch(&mut self) {
         self.assembler.clear();
         self.taken.clear();
+        self.next_ordinal = 0;
         self.handed_batches = 0;
         self.handed_samples = 0;
     }
@@ -315,10 +379,7 @@ where
 {
     fn deliver(&self, done: Done<Vec<Sample<S>>>) -> bool {
         match self.shared.get().and_then(Weak::upgrade) {
-            Some(shared) => {
-                shared.deliver(done);
-                true
-            }
+            Some(shared) => shared.deliver(done),
             None => false, // the engine is gone
         }
     }

@@ -2,6 +2,7 @@
 //! whichever samples are ready and collated on the engine's assembly thread,
 //! and workers stuck on slow samples are replaced while they finish.
 
+use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -88,6 +89,11 @@ where
     /// The least time a task should take (see `RUN_TARGET`).
     run_target: Duration,
     max_batch_size: usize,
+    /// Batches of this epoch received ahead of their turn (collated on
+    /// several threads), by ordinal, with their samples.
+    early: BTreeMap<u64, (usize, C::Batch)>,
+    /// The ordinal of the batch the consumer gets next.
+    next_ordinal: u64,
     payloads: PhantomData<fn(P)>,
 }
 
@@ -165,6 +171,8 @@ where
             bound: max_samples,
             run_target: RUN_TARGET,
             max_batch_size,
+            early: BTreeMap::new(),
+            next_ordinal: 0,
             payloads: PhantomData,
         })
     }
@@ -337,6 +345,11 @@ where
             core.workers.consumer_asks(ask, ready, self.bound)
         };
         loop {
+            if let Some((samples, batch)) = self.early.remove(&self.next_ordinal) {
+                self.next_ordinal += 1;
+                self.shared.lock().delivered(samples);
+                return Ok(batch);
+            }
             let output = match self.output.try_recv() {
                 Ok(output) => output,
                 Err(TryRecvError::Disconnected) => return Err(EngineError::WorkersGone),
@@ -356,16 +369,15 @@ where
             };
             if let Output::Batch {
                 epoch,
+                ordinal,
                 samples,
                 batch,
             } = output
             {
-                let mut core = self.shared.lock();
-                if epoch == core.workers.epoch() {
-                    core.delivered(samples);
-                    return Ok(batch);
+                // A batch of an epoch that has ended is dropped.
+                if epoch == self.shared.lock().workers.epoch() {
+                    self.early.insert(ordinal, (samples, batch));
                 }
-                // A batch of an epoch that has ended: dropped.
             }
         }
     }
@@ -423,6 +435,8 @@ where
         // Batches of the old epoch already collated; any still being
         // collated are dropped when they arrive.
         while self.output.try_recv().is_ok() {}
+        self.early.clear();
+        self.next_ordinal = 0;
         Ok(())
     }
 

@@ -583,14 +583,27 @@ fn a_computing_slow_sample_gets_a_replacement_while_cores_are_free() {
 struct ThreadTagging {
     collated: Arc<AtomicUsize>,
     panic_on: Option<u64>,
+    /// Collated on the workers (see `Collate::any_thread`).
+    any_thread: bool,
+    /// Each batch's collate sleeps this many microseconds less than the
+    /// one before: later batches finish collating first.
+    slower_first_us: Option<u64>,
 }
 
 impl Collate<u64> for ThreadTagging {
     type Batch = (thread::ThreadId, Vec<u64>);
 
+    fn any_thread(&self) -> bool {
+        self.any_thread
+    }
+
     fn collate(&self, samples: Vec<u64>) -> Self::Batch {
         if self.panic_on.is_some_and(|value| samples.contains(&value)) {
             panic!("collate refused {samples:?}");
+        }
+        if let Some(step) = self.slower_first_us {
+            let first = samples.iter().min().copied().unwrap_or(0);
+            thread::sleep(Duration::from_micros(step * 64u64.saturating_sub(first)));
         }
         self.collated.fetch_add(1, AtomicOrdering::SeqCst);
         (thread::current().id(), samples)
@@ -600,9 +613,19 @@ impl Collate<u64> for ThreadTagging {
 type Collating = SampleEngine<(u64, u64), u64, SampleHooks, ThreadTagging>;
 
 fn start_collating(panic_on: Option<u64>) -> (Collating, Arc<AtomicUsize>) {
-    let collated = Arc::new(AtomicUsize::new(0));
+    start_collating_with(ThreadTagging {
+        collated: Arc::new(AtomicUsize::new(0)),
+        panic_on,
+        any_thread: false,
+        slower_first_us: None,
+    })
+}
+
+fn start_collating_with(collate: ThreadTagging) -> (Collating, Arc<AtomicUsize>) {
+    let collated = collate.collated.clone();
+    let in_sequence = collate.any_thread;
     let config = SampleEngineConfig {
-        num_workers: 2,
+        num_workers: if in_sequence { 4 } else { 2 },
         max_samples_in_flight: 32,
         max_batch_size: 8,
         sample_timeout: SampleTimeout::Off,
@@ -610,14 +633,10 @@ fn start_collating(panic_on: Option<u64>) -> (Collating, Arc<AtomicUsize>) {
         shutdown_grace: Duration::from_secs(10),
         adaptive: None,
         drop_last: false,
-        in_sequence: false,
+        in_sequence,
     };
     let hooks = SampleHooks {
         inside: Arc::new(AtomicUsize::new(0)),
-    };
-    let collate = ThreadTagging {
-        collated: collated.clone(),
-        panic_on,
     };
     (
         Collating::start_collating(config, hooks, collate).unwrap(),
@@ -641,6 +660,49 @@ fn batches_are_collated_off_the_consumers_thread_before_it_asks() {
     }
     values.sort_unstable();
     assert_eq!(values, (0..8).collect::<Vec<_>>());
+    assert_eq!(engine.recv(WAIT), Err(EngineError::Idle));
+}
+
+#[test]
+fn batches_collated_on_the_workers_reach_the_consumer_in_order() {
+    // Earlier batches take longer to collate: on four workers, later ones
+    // are collated first, and wait for their turn.
+    let (mut engine, collated) = start_collating_with(ThreadTagging {
+        collated: Arc::new(AtomicUsize::new(0)),
+        panic_on: None,
+        any_thread: true,
+        slower_first_us: Some(300),
+    });
+    let consumer = thread::current().id();
+    let mut delivered = Vec::new();
+    let mut threads = std::collections::HashSet::new();
+    for epoch in 0..2 {
+        if epoch > 0 {
+            engine.new_epoch().unwrap();
+        }
+        let mut submitted = 0;
+        let mut received = 0;
+        while received < 16 {
+            while submitted < 16 && engine.can_submit() {
+                let first = 4 * submitted;
+                engine
+                    .submit((first..first + 4).map(|v| (v, 0)).collect())
+                    .unwrap();
+                submitted += 1;
+            }
+            let (thread, batch) = engine.recv(WAIT).unwrap();
+            assert_ne!(thread, consumer);
+            threads.insert(thread);
+            delivered.push(batch);
+            received += 1;
+        }
+    }
+    let expected: Vec<Vec<u64>> = (0..2)
+        .flat_map(|_| (0..16).map(|b| (4 * b..4 * b + 4).collect()))
+        .collect();
+    assert_eq!(delivered, expected);
+    assert_eq!(collated.load(AtomicOrdering::SeqCst), 32);
+    assert!(threads.len() > 1, "collated on {} thread", threads.len());
     assert_eq!(engine.recv(WAIT), Err(EngineError::Idle));
 }
 
