@@ -29,6 +29,7 @@ __all__ = [
     "_gil_takes",
     "_load_npy",
     "_load_npz",
+    "_sample_begins",
     "_sample_seed",
     "_stack_into",
     "_uniform_leaves",
@@ -229,6 +230,10 @@ def _arena_batch(batch: Any) -> ArenaBatch | None: ...
 # --- GIL takes counted (rust/bindings/gil_takes.rs) ---
 
 def _gil_takes() -> int: ...
+
+# --- a run's samples reported as each begins (rust/bindings/sample_progress.rs) ---
+
+def _sample_begins() -> None: ...
 
 class WireError(ConnectionError):
     """A worker process sent something that is not a message of minato's wire."""

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from minato._minato import _sample_begins
 from minato._util.log import logger
 
 ON_ERROR_CHOICES = ("raise", "skip")
@@ -171,9 +172,12 @@ def load_each(
     """Loads `indices` one by one: for each, its sample, or what `failed`
     makes of its index, called while the exception is being handled.
     `run`: the samples' seeding (a minato._task.seed.SampleRun, or None),
-    moved on before each is loaded."""
+    moved on before each is loaded. Each sample is reported to the engine
+    as it begins: a run of samples on a worker thread is judged late by the
+    sample it is on (rust/bindings/sample_progress.rs)."""
     loaded: list[Any] = []
     for ordinal, index in enumerate(indices):
+        _sample_begins()
         if run is not None:
             run.at = ordinal
             if run.eager is not None:

@@ -14,6 +14,7 @@ mod locked;
 mod sample_collate;
 mod sample_engine;
 mod sample_ledger;
+mod sample_progress;
 mod sample_seed;
 mod slots;
 mod stats;
@@ -56,5 +57,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     gil_takes::register(m)?;
     sample_seed::register(m)?;
     sample_ledger::register(m)?;
+    sample_progress::register(m)?;
     Ok(())
 }

@@ -3,6 +3,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
+use super::sample_progress::reporting_to;
 use super::stats::GilWait;
 use crate::engine::{Outcome, Sample, TaskClock, WorkerHooks};
 use crate::thread_exit::hang_on_thread_exit;
@@ -131,7 +132,7 @@ impl WorkerHooks for PythonSampleWorker {
                 .map_err(|err| err.clone_ref(py))
                 .and_then(|run| {
                     let indices = PyList::new(py, indices)?;
-                    let samples = run.bind(py).call1((epoch, indices))?;
+                    let samples = reporting_to(clock, || run.bind(py).call1((epoch, indices)))?;
                     samples
                         .try_iter()?
                         .map(|sample| sample.map(Bound::unbind))

@@ -104,6 +104,23 @@ fn progress(running: Duration, task_time: Duration, samples: usize) -> f64 {
     samples as f64 * share
 }
 
+impl Busy {
+    /// How long the task has worked up to `now` (its pauses left out), and
+    /// the samples that time is for: the sample it is on, where its worker
+    /// reports each (see [`TaskClock::begin_sample`]); else the whole task
+    /// and its samples.
+    fn worked(&self, now: Instant) -> (Duration, usize) {
+        match self.clock.sample_worked(now) {
+            Some(worked) => (worked, 1),
+            None => (
+                now.duration_since(self.started)
+                    .saturating_sub(self.clock.paused(now)),
+                self.samples,
+            ),
+        }
+    }
+}
+
 /// How often an idle worker checks whether the pool has shrunk past it: a
 /// pool at rest should cost nothing measurable, and a shrink only needs to
 /// take effect before the next epoch's work, not at once.
@@ -381,15 +398,12 @@ impl<W: WorkerHooks> Pool<W> {
 
     /// How long task `seq` has worked so far (its pauses, such as waits
     /// for the GIL, left out), and its samples, while a worker runs it;
-    /// None otherwise.
+    /// None otherwise. See [`Busy::worked`].
     pub fn task_worked(&self, seq: u64) -> Option<(Duration, usize)> {
         let now = Instant::now();
         let state = self.shared.state();
         let busy = state.busy.values().find(|busy| busy.seq == seq)?;
-        let worked = now
-            .duration_since(busy.started)
-            .saturating_sub(busy.clock.paused(now));
-        Some((worked, busy.samples))
+        Some(busy.worked(now))
     }
 
     /// Workers started and not yet running their loop.
@@ -524,10 +538,8 @@ impl<W: WorkerHooks> Pool<W> {
         // Flagged tasks due a replacement, still without one.
         let mut unreplaced: Vec<(usize, Instant, Arc<WorkerSite>)> = Vec::new();
         for (&worker, busy) in state.busy.iter_mut() {
-            let limit = timeout.saturating_mul(busy.samples.max(1) as u32);
-            let worked = now
-                .duration_since(busy.started)
-                .saturating_sub(busy.clock.paused(now));
+            let (worked, samples) = busy.worked(now);
+            let limit = timeout.saturating_mul(samples.max(1) as u32);
             if !busy.flagged_slow && worked > limit {
                 busy.flagged_slow = true;
                 newly_flagged += 1;

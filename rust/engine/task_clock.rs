@@ -5,6 +5,12 @@
 //! it would start a replacement thread that only adds to the contention, and
 //! counting the wait in fetch times would raise the automatic timeout for
 //! every sample.
+//!
+//! A worker running a run of samples may also report each sample as it
+//! begins ([`TaskClock::begin_sample`]): the run is then judged by the
+//! sample it is on, not by the run's whole time against a bound scaled by
+//! its samples, under which one slow sample in a long run showed late only
+//! after the whole run's bound.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,6 +18,8 @@ use std::time::{Duration, Instant};
 
 /// `pause_began` when no pause is under way.
 const NOT_PAUSED: u64 = u64::MAX;
+/// `sample_began` while the task has reported no sample.
+const NO_SAMPLE: u64 = u64::MAX;
 
 /// The paused time of the task a worker is running, shared between the
 /// worker (which reports pauses, see [`Self::pause`]) and the timeout
@@ -30,6 +38,12 @@ struct Shared {
     /// out a wait still under way: a worker waiting longer than the timeout
     /// would otherwise be flagged before it got to report the wait.
     pause_began: AtomicU64,
+    /// When the sample the task is on began, in nanoseconds since `origin`,
+    /// or [`NO_SAMPLE`] while it has reported none.
+    sample_began: AtomicU64,
+    /// The task's ended pauses when that sample began: the sample's own
+    /// pauses are the ones since.
+    paused_before_sample: AtomicU64,
 }
 
 impl Default for TaskClock {
@@ -38,6 +52,8 @@ impl Default for TaskClock {
             origin: Instant::now(),
             paused: AtomicU64::new(0),
             pause_began: AtomicU64::new(NOT_PAUSED),
+            sample_began: AtomicU64::new(NO_SAMPLE),
+            paused_before_sample: AtomicU64::new(0),
         }))
     }
 }
@@ -83,11 +99,39 @@ impl TaskClock {
         ended + under_way
     }
 
+    /// The worker begins the next sample of its task (see the module's
+    /// note). Called between samples, never inside a pause.
+    pub fn begin_sample(&self) {
+        let shared = &self.0;
+        let since_origin = nanos(shared.origin.elapsed()).min(NO_SAMPLE - 1);
+        // Stored before the start it goes with: a read racing with the two
+        // stores may pair the old sample's start with the new pauses, which
+        // only makes the sample look shorter for an instant, never late.
+        let paused = shared.paused.load(Ordering::Acquire);
+        shared.paused_before_sample.store(paused, Ordering::Release);
+        shared.sample_began.store(since_origin, Ordering::Release);
+    }
+
+    /// How long the sample the task is on has worked up to `now`, its
+    /// pauses left out; None while the task has reported no sample.
+    pub(crate) fn sample_worked(&self, now: Instant) -> Option<Duration> {
+        let shared = &self.0;
+        let began = shared.sample_began.load(Ordering::Acquire);
+        if began == NO_SAMPLE {
+            return None;
+        }
+        let before = Duration::from_nanos(shared.paused_before_sample.load(Ordering::Acquire));
+        let since = now.saturating_duration_since(shared.origin + Duration::from_nanos(began));
+        Some(since.saturating_sub(self.paused(now).saturating_sub(before)))
+    }
+
     /// Starts the count again for the next task. The worker calls it before
     /// the monitor can see the task, so no read races with it.
     pub(crate) fn reset(&self) {
         self.0.paused.store(0, Ordering::Release);
         self.0.pause_began.store(NOT_PAUSED, Ordering::Release);
+        self.0.sample_began.store(NO_SAMPLE, Ordering::Release);
+        self.0.paused_before_sample.store(0, Ordering::Release);
     }
 }
 
@@ -149,6 +193,27 @@ mod tests {
         assert!(ended < after_one + Duration::from_secs(5), "{ended:?}");
         clock.reset();
         assert_eq!(clock.paused(later), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_reported_sample_is_timed_from_its_own_start_without_its_pauses() {
+        let clock = TaskClock::default();
+        assert_eq!(clock.sample_worked(Instant::now()), None);
+        std::thread::sleep(Duration::from_millis(30));
+        let before_sample = Instant::now();
+        clock.begin_sample();
+        let pause = clock.pause();
+        std::thread::sleep(Duration::from_millis(20));
+        let paused = pause.end();
+        let now = Instant::now();
+        let worked = clock.sample_worked(now).unwrap();
+        // Neither the task's first 30 ms nor the sample's pause.
+        let bound = now.duration_since(before_sample) - paused;
+        assert!(worked <= bound, "{worked:?} > {bound:?}");
+        let later = Instant::now() + Duration::from_secs(5);
+        assert!(clock.sample_worked(later).unwrap() >= Duration::from_secs(5));
+        clock.reset();
+        assert_eq!(clock.sample_worked(later), None);
     }
 
     #[test]

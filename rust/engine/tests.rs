@@ -762,6 +762,98 @@ fn a_panicking_collator_breaks_the_engine_with_its_message() {
     }
 }
 
+// ---- a run of samples is judged by the sample it is on ----
+
+/// Sample hooks that report each sample of a run as it begins (as the
+/// Python runner does); the sample of value 0 waits until `gate` opens.
+struct ReportingHooks {
+    gate: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl WorkerHooks for ReportingHooks {
+    type Payload = Vec<(u64, u64)>;
+    type Output = Vec<Sample<u64>>;
+    type State = ();
+
+    fn init(&self, _worker_id: usize) {}
+
+    fn run(&self, state: &mut (), epoch: u64, run: Vec<(u64, u64)>) -> Outcome<Vec<Sample<u64>>> {
+        self.run_timed(state, epoch, run, &TaskClock::default())
+    }
+
+    fn run_timed(
+        &self,
+        _state: &mut (),
+        _epoch: u64,
+        run: Vec<(u64, u64)>,
+        clock: &TaskClock,
+    ) -> Outcome<Vec<Sample<u64>>> {
+        Outcome::Value(
+            run.into_iter()
+                .map(|(value, _)| {
+                    clock.begin_sample();
+                    while value == 0 && !self.gate.load(AtomicOrdering::SeqCst) {
+                        thread::sleep(Duration::from_millis(1));
+                    }
+                    Sample::Loaded(value)
+                })
+                .collect(),
+        )
+    }
+}
+
+#[test]
+fn a_run_is_late_by_the_sample_it_is_on_not_by_its_whole_bound() {
+    // Runs of 8 samples (a costly task: a batch spread over the two
+    // workers); a sample stuck past the timeout makes its run late at once,
+    // not after the run's bound of 8 timeouts (1.6 s), and its batch moves
+    // on without that run's samples.
+    let timeout = Duration::from_millis(200);
+    let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let config = SampleEngineConfig {
+        num_workers: 2,
+        max_samples_in_flight: 64,
+        max_batch_size: 16,
+        sample_timeout: SampleTimeout::Fixed(timeout),
+        max_slow_in_flight: 0,
+        shutdown_grace: Duration::from_secs(10),
+        adaptive: None,
+        drop_last: false,
+        in_sequence: true,
+    };
+    let hooks = ReportingHooks { gate: gate.clone() };
+    let mut engine = SampleEngine::<(u64, u64), u64, ReportingHooks>::start(config, hooks).unwrap();
+    engine.set_run_target(Duration::from_secs(10));
+    for first in [0u64, 16, 32] {
+        engine
+            .submit((first..first + 16).map(|v| (v, 0)).collect())
+            .unwrap();
+    }
+    let opener = {
+        let gate = gate.clone();
+        thread::spawn(move || {
+            thread::sleep(Duration::from_millis(1_200));
+            gate.store(true, AtomicOrdering::SeqCst);
+        })
+    };
+    let first = engine.recv(WAIT).unwrap();
+    let still_stuck = !gate.load(AtomicOrdering::SeqCst);
+    assert!(still_stuck, "the first batch waited for its stuck sample");
+    assert_eq!(first.len(), 16);
+    assert!(!first.contains(&0), "{first:?}");
+    gate.store(true, AtomicOrdering::SeqCst);
+    opener.join().unwrap();
+    let mut values: Vec<u64> = first;
+    while let Ok(batch) = engine.recv(WAIT) {
+        values.extend(batch);
+        if values.len() == 48 {
+            break;
+        }
+    }
+    values.sort_unstable();
+    assert_eq!(values, (0..48).collect::<Vec<_>>());
+}
+
 // ---- pauses: a wait to take the GIL is not slowness ----
 
 /// [`SampleHooks`] whose every task first waits `wait` (standing for a wait
