@@ -443,8 +443,11 @@ def test_a_bound_method_worker_init_fn_with_batches_dealt_in_turn_is_torchs() ->
 class NotReset(tud.Dataset):
     """torch's DummyDataset in test_dataset_not_reset: persistent workers
     keep the dataset as it was when they started, whatever the caller sets
-    later. Samples divisible by 5 are slow, so that the pool gets
-    replacement workers in later epochs."""
+    later. Samples divisible by 20 are slow, so that the pool gets
+    replacement workers in later epochs: slow enough for one in any run
+    of a batch's samples (4 x the 0.01 s timeout) to pass the replacement's
+    bar (4 times that, rust/engine/pool.rs), whatever the run lengths a
+    loaded machine's timings give."""
 
     def __init__(self) -> None:
         self.data = list(range(40))
@@ -454,8 +457,8 @@ class NotReset(tud.Dataset):
         return len(self.data)
 
     def __getitem__(self, idx: int) -> tuple[int, int]:
-        if idx % 5 == 0:
-            time.sleep(0.05)
+        if idx % 20 == 0:
+            time.sleep(0.25)
         return self.start, self.data[idx]
 
 
