@@ -298,7 +298,10 @@ def test_seed_worker_gives_each_worker_its_process_streams(persistent: bool) -> 
         for epoch_seeds in seeds:
             assert len(set(epoch_seeds.values())) == len(epoch_seeds)  # distinct per worker
         if persistent:  # a worker keeps its seed, as a persistent process does
-            assert seeds[0][0] == seeds[1][0] == seeds[2][0]
+            # (On a loaded machine one worker may load every sample of an
+            # epoch while the other starts: each is judged where it loaded.)
+            for worker in set().union(*seeds):
+                assert len({epoch[worker] for epoch in seeds if worker in epoch}) == 1
         else:  # a new base seed each epoch
             assert len({s for epoch_seeds in seeds for s in epoch_seeds.values()}) == sum(
                 len(epoch_seeds) for epoch_seeds in seeds

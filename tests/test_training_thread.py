@@ -149,14 +149,19 @@ def test_a_cheap_default_collate_is_left_to_the_waiting_consumer() -> None:
     assert threading.get_ident() in threads
 
 
+def _spend_a_millisecond_of_cpu() -> None:
+    """CPU time, as a real collate's."""
+    busy_until = time.perf_counter() + 0.001
+    while time.perf_counter() < busy_until:
+        pass
+
+
 def test_a_costly_collate_stays_off_the_consumers_thread() -> None:
     threads: list[int] = []
     record = recording_collate(threads)
 
     def costly(samples):
-        busy_until = time.perf_counter() + 0.001  # CPU time, as a real collate's
-        while time.perf_counter() < busy_until:
-            pass
+        _spend_a_millisecond_of_cpu()
         return record(samples)
 
     loader = minato.DataLoader(
@@ -181,9 +186,7 @@ def _thread_names_collating(collate_fn) -> set[str]:
 
     def costly(samples):
         native.append(threading.get_native_id())
-        busy_until = time.perf_counter() + 0.001
-        while time.perf_counter() < busy_until:
-            pass
+        _spend_a_millisecond_of_cpu()
         return collate_fn(samples)
 
     costly.draws_no_random = getattr(collate_fn, "draws_no_random", False)
