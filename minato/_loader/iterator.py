@@ -738,8 +738,15 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             # any thread: the worker completing a batch collates it, as torch's
             # workers do, where one collate thread would get a core as seldom
             # as any of many workers. A user's collate_fn keeps the collate
-            # thread (its generators; samples from processes opened there).
-            collate_anywhere=draws_no_random(self._collate_fn) and not opens_samples,
+            # thread (its generators; samples from processes opened there),
+            # and so does minato's fast collate (the default's where workers
+            # may be processes): it copies a batch with the GIL released, and
+            # taking it back among 32 workers slowed them (benchmarks/RESULTS.md).
+            collate_anywhere=(
+                draws_no_random(self._collate_fn)
+                and not opens_samples
+                and not getattr(self._collate_fn, "takes_slot_leaves", False)
+            ),
             skipped_type=Skipped,
             error_type=ExceptionWrapper,
             # in_order=None: the sampler's order, but for a sample that runs

@@ -112,12 +112,17 @@ impl Busy {
     fn worked(&self, now: Instant) -> (Duration, usize) {
         match self.clock.sample_worked(now) {
             Some(worked) => (worked, 1),
-            None => (
-                now.duration_since(self.started)
-                    .saturating_sub(self.clock.paused(now)),
-                self.samples,
-            ),
+            None => self.worked_in_all(now),
         }
+    }
+
+    /// How long the whole task has worked up to `now` (its pauses left
+    /// out), and its samples.
+    fn worked_in_all(&self, now: Instant) -> (Duration, usize) {
+        let worked = now
+            .duration_since(self.started)
+            .saturating_sub(self.clock.paused(now));
+        (worked, self.samples)
     }
 }
 
@@ -538,7 +543,13 @@ impl<W: WorkerHooks> Pool<W> {
         // Flagged tasks due a replacement, still without one.
         let mut unreplaced: Vec<(usize, Instant, Arc<WorkerSite>)> = Vec::new();
         for (&worker, busy) in state.busy.iter_mut() {
-            let (worked, samples) = busy.worked(now);
+            // The whole run against its samples' bound, not the sample it
+            // is on (which decides where its batch waits, see `task_worked`):
+            // on busy cores a quarter of all samples pass the automatic
+            // timeout, and judged one by one, runs were flagged twice as
+            // often, each flag a step toward a replacement thread that only
+            // adds to the contention (benchmarks/RESULTS.md).
+            let (worked, samples) = busy.worked_in_all(now);
             let limit = timeout.saturating_mul(samples.max(1) as u32);
             if !busy.flagged_slow && worked > limit {
                 busy.flagged_slow = true;
