@@ -123,7 +123,7 @@ impl AssemblyThread {
             .name("minato-collate".to_owned())
             .spawn(move || {
                 collator.collate.enter_thread(&mut || {
-                    run(&shared, &stop_rx, &*collator);
+                    run(&shared, &stop_rx);
                 });
                 let _ = exited_tx.send(());
             })
@@ -154,7 +154,7 @@ impl AssemblyThread {
     }
 }
 
-fn run<S, W>(shared: &SampleShared<S, W>, stop: &Receiver<()>, collator: &dyn CollateTaken<S>)
+fn run<S, W>(shared: &SampleShared<S, W>, stop: &Receiver<()>)
 where
     W: WorkerHooks<Output = Vec<Sample<S>>>,
 {
@@ -169,7 +169,7 @@ where
             recv(stop) -> _ => return, // asked to stop, or the engine is gone
             recv(wake) -> _ => {}
         }
-        match assemble(shared, collator) {
+        match assemble(shared) {
             Some(next) => wake_in = next,
             None => return,
         }
@@ -179,10 +179,7 @@ where
 /// Takes the batches waiting and any now ready, then collates and sends
 /// them. Returns when to look again without news (the next batch waits for
 /// a sample that may be late by then), or None once the consumer is gone.
-fn assemble<S, W>(
-    shared: &SampleShared<S, W>,
-    collator: &dyn CollateTaken<S>,
-) -> Option<Option<Duration>>
+fn assemble<S, W>(shared: &SampleShared<S, W>) -> Option<Option<Duration>>
 where
     W: WorkerHooks<Output = Vec<Sample<S>>>,
 {
@@ -202,7 +199,7 @@ where
     if !shared.collate_taken(epoch, batches) {
         return None;
     }
-    if changed && !collator.changed() {
+    if changed && !shared.tell_changed() {
         return None;
     }
     // A batch delivered may have been held by a sample that is no longer

@@ -85,13 +85,21 @@ impl<S, W: WorkerHooks> SampleShared<S, W> {
                         core.broken = Some(EngineError::CollatorPanicked(panic));
                     }
                     drop(core);
-                    if !collator.changed() {
+                    if !self.tell_changed() {
                         return false;
                     }
                 }
             }
         }
         true
+    }
+
+    /// Tells the waiting consumer to look at the state again; false once
+    /// it is gone.
+    pub fn tell_changed(&self) -> bool {
+        self.collator
+            .get()
+            .map_or(true, |collator| collator.changed())
     }
 
     /// What the assembly thread waits on.

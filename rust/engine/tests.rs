@@ -613,19 +613,25 @@ impl Collate<u64> for ThreadTagging {
 type Collating = SampleEngine<(u64, u64), u64, SampleHooks, ThreadTagging>;
 
 fn start_collating(panic_on: Option<u64>) -> (Collating, Arc<AtomicUsize>) {
-    start_collating_with(ThreadTagging {
+    let collate = ThreadTagging {
         collated: Arc::new(AtomicUsize::new(0)),
         panic_on,
         any_thread: false,
         slower_first_us: None,
-    })
+    };
+    start_collating_with(collate, 2, false)
 }
 
-fn start_collating_with(collate: ThreadTagging) -> (Collating, Arc<AtomicUsize>) {
+/// An engine collating with `collate`, `num_workers` workers, batches in
+/// the order submitted when `in_sequence`.
+fn start_collating_with(
+    collate: ThreadTagging,
+    num_workers: usize,
+    in_sequence: bool,
+) -> (Collating, Arc<AtomicUsize>) {
     let collated = collate.collated.clone();
-    let in_sequence = collate.any_thread;
     let config = SampleEngineConfig {
-        num_workers: if in_sequence { 4 } else { 2 },
+        num_workers,
         max_samples_in_flight: 32,
         max_batch_size: 8,
         sample_timeout: SampleTimeout::Off,
@@ -667,12 +673,13 @@ fn batches_are_collated_off_the_consumers_thread_before_it_asks() {
 fn batches_collated_on_the_workers_reach_the_consumer_in_order() {
     // Earlier batches take longer to collate: on four workers, later ones
     // are collated first, and wait for their turn.
-    let (mut engine, collated) = start_collating_with(ThreadTagging {
+    let collate = ThreadTagging {
         collated: Arc::new(AtomicUsize::new(0)),
         panic_on: None,
         any_thread: true,
         slower_first_us: Some(300),
-    });
+    };
+    let (mut engine, collated) = start_collating_with(collate, 4, true);
     let consumer = thread::current().id();
     let mut delivered = Vec::new();
     let mut threads = std::collections::HashSet::new();
