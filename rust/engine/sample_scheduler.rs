@@ -374,10 +374,19 @@ where
                 batch,
             } = output
             {
+                let mut core = self.shared.lock();
                 // A batch of an epoch that has ended is dropped.
-                if epoch == self.shared.lock().workers.epoch() {
-                    self.early.insert(ordinal, (samples, batch));
+                if epoch != core.workers.epoch() {
+                    continue;
                 }
+                // The batch due now is delivered under the same lock.
+                if ordinal == self.next_ordinal {
+                    self.next_ordinal += 1;
+                    core.delivered(samples);
+                    return Ok(batch);
+                }
+                drop(core);
+                self.early.insert(ordinal, (samples, batch));
             }
         }
     }
