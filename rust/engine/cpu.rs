@@ -38,12 +38,39 @@ pub fn thread_cpu_time() -> Duration {
     START.get_or_init(Instant::now).elapsed()
 }
 
+/// CPU time this process's threads have used so far, all of them; None
+/// where the clock cannot be read.
+#[cfg(unix)]
+pub fn process_cpu_time() -> Option<Duration> {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid, writable timespec for the call's duration,
+    // and CLOCK_PROCESS_CPUTIME_ID is supported by every unix minato targets.
+    let status = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) };
+    (status == 0).then(|| {
+        Duration::new(
+            u64::try_from(now.tv_sec).unwrap_or(0),
+            u32::try_from(now.tv_nsec).unwrap_or(0),
+        )
+    })
+}
+
+/// Without a process clock, CPU use comes from [`CpuSampler`].
+#[cfg(not(unix))]
+pub fn process_cpu_time() -> Option<Duration> {
+    None
+}
+
 /// The cores this process may run on (its affinity and quota counted).
 pub(crate) fn available_cores() -> usize {
     std::thread::available_parallelism().map_or(1, |cores| cores.get())
 }
 
-/// Samples this process's CPU use at most every [`MIN_INTERVAL`].
+/// Samples this process's CPU use at most every [`MIN_INTERVAL`], where
+/// [`process_cpu_time`] cannot (its clock measures any window, the first
+/// included, where this knows nothing for its first interval).
 pub(crate) struct CpuSampler {
     system: System,
     pid: Option<Pid>,
@@ -106,6 +133,29 @@ mod tests {
         std::hint::black_box(spin);
         let usage = sampler.usage().expect("known after an interval");
         assert!((0.0..=1.0).contains(&usage));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_process_clock_counts_every_threads_computing() {
+        let start = process_cpu_time().expect("a process clock on unix");
+        let spin = || {
+            let until = Instant::now() + Duration::from_millis(50);
+            let mut spins = 0u64;
+            while Instant::now() < until {
+                spins = std::hint::black_box(spins + 1);
+            }
+        };
+        std::thread::scope(|scope| {
+            scope.spawn(spin);
+            scope.spawn(spin);
+        });
+        let used = process_cpu_time()
+            .expect("a process clock")
+            .saturating_sub(start);
+        // Each thread computed for 50 ms, on whatever cores it got: at
+        // least one thread's worth is certain.
+        assert!(used >= Duration::from_millis(45), "{used:?}");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crossbeam_channel::{bounded, select, Receiver, RecvTimeoutError, Sender};
 
 use super::consumer_steps::ConsumerSteps;
 use super::controller::{Controller, ControllerConfig, Window};
-use super::cpu::CpuSampler;
+use super::cpu::{available_cores, process_cpu_time, CpuSampler};
 use super::error::EngineError;
 use super::pool::{Pool, WorkerHooks};
 use super::stats::Occupancy;
@@ -73,6 +73,8 @@ struct Mark {
     tasks: u64,
     busy_nanos: u64,
     cpu_nanos: u64,
+    /// The whole process's CPU time, where its clock can be read.
+    process_cpu: Option<Duration>,
 }
 
 impl Mark {
@@ -84,6 +86,7 @@ impl Mark {
             tasks: shared.tasks_done.load(Ordering::Relaxed),
             busy_nanos: shared.busy_nanos.load(Ordering::Relaxed),
             cpu_nanos: shared.cpu_nanos.load(Ordering::Relaxed),
+            process_cpu: process_cpu_time(),
         }
     }
 }
@@ -104,6 +107,8 @@ struct Adapter {
     settling: bool,
     /// How far running tasks had got, in samples, when the window started.
     start_progress: f64,
+    /// The cores this process may run on.
+    cores: f64,
 }
 
 impl Adapter {
@@ -118,6 +123,7 @@ impl Adapter {
             task_time: Duration::ZERO,
             settling: true,
             start_progress: 0.0,
+            cores: available_cores() as f64,
         }
     }
 
@@ -138,9 +144,33 @@ impl Adapter {
         self.steps.take_window();
     }
 
+    /// The process's CPU use since the window started, as a share of its
+    /// cores: from its clock where it has one (any window, the first one
+    /// included), else from the sampler.
+    fn process_cpu_use(&mut self, now: &Mark, elapsed: Duration) -> Option<f64> {
+        match (self.start.process_cpu, now.process_cpu) {
+            (Some(before), Some(after)) if !elapsed.is_zero() => {
+                let used = after.saturating_sub(before).as_secs_f64();
+                Some((used / (elapsed.as_secs_f64() * self.cores)).clamp(0.0, 1.0))
+            }
+            _ => self.cpu.usage(),
+        }
+    }
+
     fn tick<W: WorkerHooks>(&mut self, pool: &Pool<W>) {
         let now = Mark::now(pool);
         let elapsed = now.at.duration_since(self.start.at);
+        let finished = now.samples.saturating_sub(self.start.samples);
+        let tasks = now.tasks.saturating_sub(self.start.tasks);
+        let busy = now.busy_nanos.saturating_sub(self.start.busy_nanos);
+        // The tasks finished so far in this window tell its length: after
+        // the warm-up, or a resize that changed how many samples a task
+        // gets, the last window's tasks are of another shape (the warm-up's
+        // single samples made windows shorter than the runs that followed,
+        // which not every worker then finished one of).
+        let task_time = busy
+            .checked_div(tasks)
+            .map_or(self.task_time, Duration::from_nanos);
         if self.settling {
             // Settled once as many workers as the pool should have are on
             // a task (after a shrink, once the surplus ones have finished
@@ -157,7 +187,7 @@ impl Adapter {
             }
         } else if elapsed
             < MIN_WINDOW
-                .max(self.task_time * TASKS_PER_WINDOW)
+                .max(task_time * TASKS_PER_WINDOW)
                 .max(self.steps.mean().unwrap_or_default())
                 .min(MAX_WINDOW)
         {
@@ -165,12 +195,7 @@ impl Adapter {
             // growth step is judged on what it did to the loop too.
             return;
         }
-        let finished = now.samples.saturating_sub(self.start.samples);
-        let tasks = now.tasks.saturating_sub(self.start.tasks);
-        let busy = now.busy_nanos.saturating_sub(self.start.busy_nanos);
-        if let Some(mean) = busy.checked_div(tasks) {
-            self.task_time = Duration::from_nanos(mean);
-        }
+        self.task_time = task_time;
         if self.settling {
             self.settling = false;
             self.occupancy.take_window();
@@ -195,7 +220,7 @@ impl Adapter {
         let window = Window {
             throughput: samples / elapsed.as_secs_f64(),
             occupancy: self.occupancy.take_window(),
-            cpu: self.cpu.usage(),
+            cpu: self.process_cpu_use(&now, elapsed),
             compute: (busy > 0).then(|| cpu as f64 / busy as f64),
             step: consumer.step,
             wait: consumer.wait,
