@@ -22,10 +22,7 @@
 //! rarely), and briefly again once a step pays. A step that did not pay
 //! is followed by one probe downwards, kept only if one worker fewer loses
 //! nothing: work that holds the GIL often runs fastest on a single thread.
-//! A doubling that paid was judged on a window or two, perhaps against the
-//! pool's warm-up: it is judged again from below some windows later, ever
-//! more rarely while it holds (at the maximum no later step would question
-//! it). A saturated CPU (its moving average: one short window's reading is
+//! A saturated CPU (its moving average: one short window's reading is
 //! noisy) stops growth outright, and so does a window in which nothing
 //! finished. Workers that compute (on a CPU for most of their task
 //! time, by their threads' own clocks, or together for most of the cores'
@@ -127,10 +124,6 @@ pub struct ControllerConfig {
     /// ...and by at least this many seconds: a loop whose steps take
     /// microseconds (data alone) varies by more than 10% from noise.
     pub min_step_slowdown_s: f64,
-    /// Decisions after a kept doubling (or larger step) at which it is
-    /// judged again, from below; twice as many after each time it held, up
-    /// to `max_ceiling_windows`.
-    pub recheck_after: u32,
 }
 
 impl ControllerConfig {
@@ -152,7 +145,6 @@ impl ControllerConfig {
             max_ceiling_windows: 128,
             max_step_slowdown: 0.1,
             min_step_slowdown_s: 0.0005,
-            recheck_after: 8,
         }
     }
 }
@@ -172,8 +164,6 @@ struct Probe {
     /// For a quadrupling, the doubling within it, judged against the same
     /// baseline if the quadrupling falls short of linear.
     half_way: Option<usize>,
-    /// A kept doubling judged again from below (see `Controller::recheck`).
-    recheck: bool,
 }
 
 impl Probe {
@@ -206,23 +196,9 @@ pub struct Controller {
     /// two make the next quadruple (one alone can be the epoch's cold
     /// start, where anything looks linear).
     linear_steps: u32,
-    /// A doubling that paid is judged again, from below, this many
-    /// decisions later: it was judged on one or two windows, against a
-    /// baseline that may have been the pool's warm-up (a cold start's
-    /// single-sample tasks read half the settled rate, for a few hundred
-    /// milliseconds at 32 threads), and at the maximum no later step would
-    /// question it. Dropped once the count moves on: later steps were
-    /// judged on their own. (count to step down to, the count it is judged
-    /// at, decisions left)
-    recheck: Option<(usize, usize, u32)>,
-    /// Decisions until the next recheck after one that held.
-    recheck_every: u32,
     /// Moving average of the process's CPU use: one short window's reading
     /// varies by a tenth.
     cpu: Option<f64>,
-    /// The last window's throughput and the count it ran at: a recheck's
-    /// baseline is the mean of two windows.
-    last: Option<(usize, f64)>,
 }
 
 impl Controller {
@@ -230,7 +206,6 @@ impl Controller {
         let workers = workers.clamp(config.min_workers, config.max_workers);
         Controller {
             ceiling_windows: config.ceiling_windows,
-            recheck_every: config.recheck_after,
             config,
             workers,
             occupancy: None,
@@ -240,9 +215,7 @@ impl Controller {
             doubling: true,
             may_quadruple: true,
             linear_steps: 0,
-            recheck: None,
             cpu: None,
-            last: None,
         }
     }
 
@@ -264,7 +237,6 @@ impl Controller {
         if let Some((at, left)) = self.ceiling {
             self.ceiling = (left > 1).then_some((at, left - 1));
         }
-        let last = self.last.replace((self.workers, window.throughput));
         if let Some(mut probe) = self.probe.take() {
             let looked = match probe.first_look {
                 Some(first) => first.mean_with(window),
@@ -273,7 +245,7 @@ impl Controller {
             let throughput = looked.throughput;
             let growth = !probe.downwards(self.workers);
             let paid = self.paid_off(probe, looked);
-            if (growth || probe.recheck) && probe.first_look.is_none() && !paid {
+            if growth && probe.first_look.is_none() && !paid {
                 probe.first_look = Some(window);
                 self.probe = Some(probe);
                 return self.workers;
@@ -300,29 +272,12 @@ impl Controller {
                     self.ceiling_windows =
                         (self.ceiling_windows * 2).min(self.config.max_ceiling_windows);
                     self.try_fewer = true;
-                } else if probe.recheck {
-                    // The doubling holds: judged again, ever more rarely.
-                    self.recheck_every =
-                        (self.recheck_every * 2).min(self.config.max_ceiling_windows);
-                    self.recheck = Some((self.workers, probe.from, self.recheck_every));
                 }
                 self.workers = probe.from;
                 return self.workers;
             }
             if !growth {
-                if probe.recheck {
-                    // The count below does as well: the doubling was kept
-                    // on noise or a warm-up, or the epoch is ending. Held
-                    // here a while, then growth is judged afresh, doubling
-                    // still: a ramp cut short by an epoch's end goes on at
-                    // the next one's pace.
-                    self.ceiling = Some((self.workers, self.ceiling_windows));
-                }
                 return self.workers;
-            }
-            if self.workers - probe.from > self.config.max_step {
-                self.recheck_every = self.config.recheck_after;
-                self.recheck = Some((probe.from, self.workers, self.recheck_every));
             }
             self.ceiling_windows = self.config.ceiling_windows;
             if self.gain_share(probe, throughput) >= self.config.linear_gain_share {
@@ -333,40 +288,6 @@ impl Controller {
             // A growth step that paid: the window that judged it is also the
             // next step's baseline, so a ramp takes one window a step.
         }
-        // Judged only on windows where the consumer asked and samples
-        // finished, and only while it starves (a full queue shrinks the
-        // pool anyway).
-        let asked = window.occupancy.is_some() && window.throughput > 0.0;
-        if self.recheck.is_some_and(|(_, at, _)| at != self.workers) {
-            self.recheck = None;
-        }
-        let recheck = if asked { self.recheck.take() } else { None };
-        if let Some((to, at, left)) = recheck {
-            let starving = self
-                .occupancy
-                .is_some_and(|occupancy| occupancy < self.config.starving_below);
-            if left > 1 {
-                self.recheck = Some((to, at, left - 1));
-            } else if starving {
-                let baseline = match last {
-                    Some((count, before)) if count == self.workers => {
-                        0.5 * (before + window.throughput)
-                    }
-                    _ => window.throughput,
-                };
-                self.probe = Some(Probe {
-                    from: self.workers,
-                    baseline,
-                    baseline_step: window.step,
-                    baseline_wait: window.wait,
-                    first_look: None,
-                    half_way: None,
-                    recheck: true,
-                });
-                self.workers = to;
-                return self.workers;
-            }
-        }
         if std::mem::take(&mut self.try_fewer) && self.workers > self.config.min_workers {
             self.probe = Some(Probe {
                 from: self.workers,
@@ -375,7 +296,6 @@ impl Controller {
                 baseline_wait: window.wait,
                 first_look: None,
                 half_way: None,
-                recheck: false,
             });
             self.workers -= 1;
             return self.workers;
@@ -421,7 +341,6 @@ impl Controller {
                     baseline_wait: window.wait,
                     first_look: None,
                     half_way: (to > doubled).then_some(doubled),
-                    recheck: false,
                 });
                 self.workers = to;
             }
@@ -636,47 +555,6 @@ mod tests {
             ramp[..=up_to_max].windows(2).all(|w| w[1] == w[0] + 2),
             "{scaling:?}"
         );
-    }
-
-    #[test]
-    fn a_doubling_kept_on_a_warm_up_is_taken_back_when_judged_again() {
-        // Flat in the worker count, but the first window is the pool's
-        // warm-up at half the settled rate: the doubling reads as a gain.
-        let mut controller = Controller::new(ControllerConfig::new(1, 64), 32);
-        assert_eq!(controller.observe(window(500.0, 0.0, Some(0.2))), 64);
-        let counts = settle(&mut controller, |_| 1000.0, 40);
-        let recheck = ControllerConfig::new(1, 64).recheck_after as usize;
-        assert!(counts[..recheck - 1].iter().all(|&n| n == 64), "{counts:?}");
-        let back = counts.iter().position(|&n| n == 32).expect("judged again");
-        assert!(back <= recheck, "{counts:?}");
-        // Held at 32 a while; the doubling tried again does not pay, and
-        // the count stays below it.
-        let again = back + counts[back..].iter().position(|&n| n != 32).unwrap();
-        assert!(again > back + 3, "{counts:?}");
-        assert!(counts[again + 3..].iter().all(|&n| n < 40), "{counts:?}");
-    }
-
-    #[test]
-    fn a_doubling_that_pays_survives_its_second_judgement() {
-        let mut controller = Controller::new(ControllerConfig::new(1, 64), 32);
-        let counts = settle(&mut controller, |n| 100.0 * n as f64, 60);
-        let downs: Vec<usize> = (1..counts.len())
-            .filter(|&i| counts[i] == 32 && counts[i - 1] == 64)
-            .collect();
-        // Two windows at 32 lose: back to 64. Judged again ever more rarely.
-        assert!(downs.len() >= 2, "{counts:?}");
-        for &down in &downs {
-            assert_eq!(counts[down + 1], 32, "a second look: {counts:?}");
-            assert_eq!(
-                counts.get(down + 2).copied().unwrap_or(64),
-                64,
-                "{counts:?}"
-            );
-        }
-        let gaps: Vec<usize> = downs.windows(2).map(|w| w[1] - w[0]).collect();
-        assert!(gaps.windows(2).all(|g| g[1] > g[0]), "{gaps:?}");
-        let at_64 = counts.iter().filter(|&&n| n == 64).count();
-        assert!(at_64 * 10 >= counts.len() * 8, "{counts:?}");
     }
 
     #[test]
