@@ -18,7 +18,9 @@ steady state (after the first batches), the training process's own CPU
 time per sample (``RUSAGE_SELF``: its threads, not its worker processes),
 and, for minato, the GIL takes its bindings count per batch
 (rust/bindings/gil_takes.rs: a task entering Python, a collate, each
-return from a GIL-free wait; Python's own hand-overs are not seen).
+return from a GIL-free wait; Python's own hand-overs are not seen), and
+how it ran: the worker method and the pool's size at the end (from
+``stats()``; the defaults choose both).
 
     python benchmarks/manycore.py [--workers 16 --sleep-ms 3] [--batch 64]
         [--busy [--busy-at-workers-nice]]
@@ -68,9 +70,14 @@ def _self_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+#: How the last minato loader `measure` ran: (worker method, final pool).
+last_run: tuple[str, int] | None = None
+
+
 def measure(make_loader) -> tuple[float, float, float]:
     """(samples/s, CPU seconds per sample, minato's GIL takes per batch)
     after the first batches."""
+    global last_run
     loader = make_loader()
     iterator = iter(loader)
     for _ in range(WARM_BATCHES):
@@ -82,6 +89,12 @@ def measure(make_loader) -> tuple[float, float, float]:
         batches += 1
     elapsed, cpu = time.perf_counter() - began, _self_cpu() - cpu
     takes = _gil_takes() - takes
+    stats = loader.stats() if isinstance(loader, minato.DataLoader) else None
+    last_run = None
+    if stats is not None:
+        # The pool is shut down after the epoch: its last size is history.
+        history = stats.worker_history or [(0.0, stats.workers)]
+        last_run = (stats.worker_method, history[-1][1])
     del iterator, loader
     return samples / elapsed, cpu / max(samples, 1), takes / max(batches, 1)
 
@@ -91,6 +104,7 @@ def systems(workers: int) -> dict[str, dict]:
         "torch's DataLoader (processes)": {"torch": True},
         "minato defaults": {},
         "minato sample-level threads, fixed pool": {"worker_method": "thread", "adaptive": False},
+        "minato sample-level threads, adaptive pool": {"worker_method": "thread"},
         "minato whole batches, threads": {
             "worker_method": "thread",
             "adaptive": False,
@@ -175,6 +189,8 @@ def main() -> None:
                     os.setpriority(os.PRIO_PROCESS, spinner.pid, nice)
             rate, cpu, takes = measure(make)
             gil = "" if use_torch else f"  {takes:6.1f} GIL takes/batch"
+            if last_run is not None:
+                gil += f"  {last_run[0]}, {last_run[1]} at the end"
             print(
                 f"  {name:44s} {rate:9,.0f}/s  {rate / ideal:5.2f} of ideal  "
                 f"{cpu * 1e6:6.1f} us CPU/sample{gil}"

@@ -22,6 +22,7 @@ __all__ = [
     "WireError",
     "_HAS_VIDEO",
     "_arena_batch",
+    "_before_fork",
     "_decode_image",
     "_decode_images_into",
     "_decode_video",
@@ -226,6 +227,10 @@ class ArenaBatch:
     """One leaf of a whole batch as it lies in its arena (a buffer)."""
 
 def _arena_batch(batch: Any) -> ArenaBatch | None: ...
+
+# --- forks kept apart from threads' first attach (rust/bindings/fork_gate.rs) ---
+
+def _before_fork() -> None: ...
 
 # --- GIL takes counted (rust/bindings/gil_takes.rs) ---
 

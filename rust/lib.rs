@@ -1,12 +1,14 @@
 //! minato's Rust core: a framework-agnostic worker-thread engine (`engine`),
 //! decoders (`io`), batch assembly (`collate`), the thread pool those two
-//! share (`parallel`), fork detection (`process`), keeping threads from
+//! share (`parallel`), fork detection (`process`), keeping forks and
+//! threads' first attach to Python apart (`fork_gate`), keeping threads from
 //! being unwound at interpreter exit (`thread_exit`), the worker-process
 //! wire (`wire`) and, behind the `python` feature, thin Python bindings
 //! (`bindings`).
 
 pub mod collate;
 pub mod engine;
+pub mod fork_gate;
 pub mod io;
 pub mod parallel;
 pub mod process;

@@ -490,6 +490,68 @@ def test_locks_held_by_parent_threads_at_the_fork_do_not_block_the_child() -> No
     assert lists(loader) == [EPOCH[i : i + 4] for i in range(0, 48, 4)]
 
 
+def _fork_and_reap(deadline_s: float = CHILD_LIMIT_S) -> bool:
+    """Forks a child that exits at once; whether it did within the deadline
+    (a child that hangs in CPython's after-fork is killed)."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    deadline = time.monotonic() + deadline_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return os.waitstatus_to_exitcode(status) == 0
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            return False
+        time.sleep(0.001)
+
+
+def test_forks_while_worker_threads_start_never_hang_a_child() -> None:
+    """A thread new to Python creates its interpreter state under a lock
+    that CPython before 3.12 takes again in a fork child before resetting
+    it (gh-112275; seen as a torch DataLoader's worker hanging at start
+    beside minato's threads). Forks made while loaders keep starting worker
+    threads each wait for those threads to finish attaching: every child
+    comes up and exits."""
+    stop = threading.Event()
+    epochs = []
+
+    def start_threads_until_stopped() -> None:
+        while not stop.is_set():
+            loader = minato.DataLoader(
+                Squares(), batch_size=4, num_workers=8, worker_method="thread"
+            )
+            epochs.append(len(lists(loader)))
+
+    churn = threading.Thread(target=start_threads_until_stopped)
+    churn.start()
+    try:
+        children = [_fork_and_reap() for _ in range(100)]
+    finally:
+        stop.set()
+        churn.join(CHILD_LIMIT_S)
+    assert all(children), f"{children.count(False)} of 100 children hung"
+    assert epochs and set(epochs) == {12}
+
+
+def test_a_worker_thread_that_forks_waits_for_no_one() -> None:
+    """The dataset's own code forks (a subprocess by hand) from a worker
+    thread while the pool's other threads start: the fork goes on, the
+    children exit, the epoch is whole."""
+
+    class Forking(Squares):
+        def __getitem__(self, index: int) -> torch.Tensor:
+            if index % 6 == 0:
+                assert _fork_and_reap()
+            return super().__getitem__(index)
+
+    loader = minato.DataLoader(Forking(), batch_size=4, num_workers=8, worker_method="thread")
+    # A slow fork may make its sample late (it then joins a later batch).
+    assert samples_of(lists(loader)) == samples_of([EPOCH])
+
+
 # -- a fork Python was not told about ----------------------------------------
 
 

@@ -23,7 +23,12 @@ from minato._loader.device import DeviceStage, Failure, HostBatch
 from minato._loader.resume import EpochStream, IterableStream, capture_epoch_rng
 from minato._loader.stats import StatsRecorder
 from minato._loader.workers import worker_factory
-from minato._minato import ArenaPool, Engine, SampleEngine
+from minato._minato import (
+    ArenaPool,
+    Engine,
+    SampleEngine,
+    _before_fork,
+)
 from minato._process.method import WorkerMethod
 from minato._process.workers import ProcessWorkers, fork_server_ready, stop_all, warm_up
 from minato._task.failures import (
@@ -96,6 +101,10 @@ def _leave_workers_in_parent() -> None:
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
     os.register_at_fork(after_in_child=_leave_workers_in_parent)
+    # A fork waits for minato's threads to finish creating their interpreter
+    # thread states: CPython before 3.12 hangs a child forked meanwhile
+    # (rust/fork_gate.rs).
+    os.register_at_fork(before=_before_fork)
 
 
 class _Delivery(DeviceStage):

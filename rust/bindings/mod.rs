@@ -5,6 +5,7 @@ mod arenas;
 mod collate;
 mod engine;
 mod errors;
+mod fork_gate;
 mod gil_takes;
 mod io_array;
 mod io_image;
@@ -55,6 +56,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     slots::register(m)?;
     arenas::register(m)?;
     gil_takes::register(m)?;
+    fork_gate::register(m)?;
     sample_seed::register(m)?;
     sample_ledger::register(m)?;
     sample_progress::register(m)?;

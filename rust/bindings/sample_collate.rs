@@ -8,8 +8,8 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
+use super::fork_gate::attach_for_thread_life;
 use crate::engine::{thread_cpu_time, Collate};
-use crate::thread_exit::hang_on_thread_exit;
 
 /// Below this much CPU time per batch, collating on the collate thread
 /// costs the loop more than it saves: the hand-over (the collate thread
@@ -127,10 +127,10 @@ impl PythonCollate {
 impl Collate<PyResult<Py<PyAny>>> for PythonCollate {
     type Batch = PyBatch;
 
-    /// Attached once for the thread's life, as a worker thread is (see
-    /// `worker::attach_for_thread_life`): the GIL is held only in `collate`.
+    /// Attached once for the thread's life, as a worker thread is: the GIL
+    /// is held only in `collate`.
     fn enter_thread(&self, body: &mut (dyn FnMut() + Send)) {
-        hang_on_thread_exit(|| Python::attach(|py| py.detach(body)));
+        attach_for_thread_life(body);
     }
 
     fn any_thread(&self) -> bool {

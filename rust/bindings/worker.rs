@@ -3,25 +3,10 @@
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
+use super::fork_gate::attach_for_thread_life;
 use super::sample_progress::reporting_to;
 use super::stats::GilWait;
 use crate::engine::{Outcome, Sample, TaskClock, WorkerHooks};
-use crate::thread_exit::hang_on_thread_exit;
-
-/// Runs a worker thread's whole life attached to the interpreter.
-///
-/// Attaching once keeps one interpreter thread state: thread-locals (the
-/// worker's WorkerInfo) persist between tasks, and each task's attach only
-/// re-takes the GIL. The GIL itself is released at once and held only around
-/// calls into Python.
-///
-/// A worker that wants the GIL once the interpreter finalizes (still in the
-/// dataset's code at exit, or leaving after it) blocks for good instead of
-/// being unwound by CPython's `pthread_exit`, which would abort the process
-/// (see `crate::thread_exit`).
-fn attach_for_thread_life(body: &mut (dyn FnMut() + Send)) {
-    hang_on_thread_exit(|| Python::attach(|py| py.detach(body)));
-}
 
 /// Calls `make_worker(worker_id)` on the worker thread; its result (the
 /// per-thread runner, or the worker_init_fn's exception) is the thread's state.
