@@ -39,11 +39,21 @@ impl Drop for Inside {
     }
 }
 
+/// A thread waits at most this long for forks to end: a fork whose end the
+/// handlers never saw (a failed one, or one ended outside libc) must not
+/// hold minato's threads back for good.
+const MAX_HOLD: Duration = Duration::from_secs(5);
+
 /// Enters the section once no fork is under way.
 pub fn enter() -> Inside {
+    let held_until = Instant::now() + MAX_HOLD;
     loop {
-        while FORKS.load(Ordering::SeqCst) > 0 {
+        while FORKS.load(Ordering::SeqCst) > 0 && Instant::now() < held_until {
             std::thread::sleep(POLL);
+        }
+        if Instant::now() >= held_until {
+            INSIDE.fetch_add(1, Ordering::SeqCst);
+            return Inside(());
         }
         INSIDE.fetch_add(1, Ordering::SeqCst);
         // A fork that began meanwhile may have looked before the add: it
@@ -160,6 +170,16 @@ mod tests {
         assert!(before_fork(Duration::from_millis(5)));
         after_fork_in_child();
         assert_eq!(FORKS.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_fork_whose_end_is_never_seen_holds_threads_back_only_a_while() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(before_fork(Duration::from_millis(5)));
+        let began = Instant::now();
+        drop(enter());
+        assert!(began.elapsed() >= MAX_HOLD);
+        after_fork_in_child();
     }
 
     #[test]
