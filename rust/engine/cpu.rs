@@ -8,25 +8,32 @@ use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
 /// CPU time is counted in clock ticks (10 ms): shorter intervals are noise.
 const MIN_INTERVAL: Duration = Duration::from_millis(200);
 
-/// CPU time the calling thread has used so far (its own clock: time it waits,
-/// for I/O, a lock or the GIL, does not count). Zero where the clock cannot
-/// be read.
+/// The time on one of the calling thread's or process's CPU clocks; None
+/// where it cannot be read.
 #[cfg(unix)]
-pub fn thread_cpu_time() -> Duration {
+fn cpu_clock(clock: libc::clockid_t) -> Option<Duration> {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `now` is a valid, writable timespec for the call's duration,
-    // and CLOCK_THREAD_CPUTIME_ID is supported by every unix minato targets.
-    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    if status != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(
-        u64::try_from(now.tv_sec).unwrap_or(0),
-        u32::try_from(now.tv_nsec).unwrap_or(0),
-    )
+    // and the CPU-time clocks asked for are supported by every unix minato
+    // targets.
+    let status = unsafe { libc::clock_gettime(clock, &mut now) };
+    (status == 0).then(|| {
+        Duration::new(
+            u64::try_from(now.tv_sec).unwrap_or(0),
+            u32::try_from(now.tv_nsec).unwrap_or(0),
+        )
+    })
+}
+
+/// CPU time the calling thread has used so far (its own clock: time it waits,
+/// for I/O, a lock or the GIL, does not count). Zero where the clock cannot
+/// be read.
+#[cfg(unix)]
+pub fn thread_cpu_time() -> Duration {
+    cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or(Duration::ZERO)
 }
 
 /// Without a thread clock: the time elapsed, so that differences are at
@@ -42,19 +49,7 @@ pub fn thread_cpu_time() -> Duration {
 /// where the clock cannot be read.
 #[cfg(unix)]
 pub fn process_cpu_time() -> Option<Duration> {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid, writable timespec for the call's duration,
-    // and CLOCK_PROCESS_CPUTIME_ID is supported by every unix minato targets.
-    let status = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) };
-    (status == 0).then(|| {
-        Duration::new(
-            u64::try_from(now.tv_sec).unwrap_or(0),
-            u32::try_from(now.tv_nsec).unwrap_or(0),
-        )
-    })
+    cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID)
 }
 
 /// Without a process clock, CPU use comes from [`CpuSampler`].

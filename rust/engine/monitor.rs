@@ -73,11 +73,14 @@ struct Mark {
     tasks: u64,
     busy_nanos: u64,
     cpu_nanos: u64,
-    /// The whole process's CPU time, where its clock can be read.
+    /// The whole process's CPU time, where its clock can be read, for the
+    /// marks a window starts or ends at (see `with_process_cpu`).
     process_cpu: Option<Duration>,
 }
 
 impl Mark {
+    /// The pool's totals now, without the process's CPU time: the monitor
+    /// looks several times a window, and that clock sums every thread's.
     fn now<W: WorkerHooks>(pool: &Pool<W>) -> Self {
         let shared = &pool.shared;
         Mark {
@@ -86,7 +89,16 @@ impl Mark {
             tasks: shared.tasks_done.load(Ordering::Relaxed),
             busy_nanos: shared.busy_nanos.load(Ordering::Relaxed),
             cpu_nanos: shared.cpu_nanos.load(Ordering::Relaxed),
+            process_cpu: None,
+        }
+    }
+
+    /// This mark, with the process's CPU time read now: a window starts or
+    /// ends at it.
+    fn with_process_cpu(self) -> Self {
+        Mark {
             process_cpu: process_cpu_time(),
+            ..self
         }
     }
 }
@@ -137,7 +149,7 @@ impl Adapter {
     /// Starts a fresh window after a rest: one that spanned it would
     /// measure the rest, not the pool.
     fn restart<W: WorkerHooks>(&mut self, pool: &Pool<W>) {
-        self.start = Mark::now(pool);
+        self.start = Mark::now(pool).with_process_cpu();
         self.start_progress = 0.0;
         self.settling = false;
         self.occupancy.take_window();
@@ -200,7 +212,7 @@ impl Adapter {
             self.settling = false;
             self.occupancy.take_window();
             self.steps.take_window();
-            self.start = now;
+            self.start = now.with_process_cpu();
             self.start_progress = pool.samples_in_progress(self.task_time);
             return;
         }
@@ -209,6 +221,7 @@ impl Adapter {
         if finished < enough && elapsed < MAX_WINDOW {
             return;
         }
+        let now = now.with_process_cpu();
         // Counting only finished samples, a window's edges fall mid-task for
         // every worker: ±1 task each, too noisy to tell a 10% gain at 20
         // workers. Counting the running tasks' progress at both edges too
@@ -296,7 +309,7 @@ impl Monitor {
         }
         let mut adapter = adaptive.map(|controller| {
             let controller = Controller::new(controller, pool.target());
-            Adapter::new(controller, signals, Mark::now(&pool))
+            Adapter::new(controller, signals, Mark::now(&pool).with_process_cpu())
         });
         let slow_samples = config.slow_samples;
         let (stop, stopped) = bounded::<()>(0);
