@@ -51,14 +51,10 @@ pub fn enter() -> Inside {
         while FORKS.load(Ordering::SeqCst) > 0 && Instant::now() < held_until {
             std::thread::sleep(POLL);
         }
-        if Instant::now() >= held_until {
-            INSIDE.fetch_add(1, Ordering::SeqCst);
-            return Inside(());
-        }
         INSIDE.fetch_add(1, Ordering::SeqCst);
         // A fork that began meanwhile may have looked before the add: it
-        // goes first.
-        if FORKS.load(Ordering::SeqCst) == 0 {
+        // goes first, unless it held this thread back too long already.
+        if FORKS.load(Ordering::SeqCst) == 0 || Instant::now() >= held_until {
             return Inside(());
         }
         INSIDE.fetch_sub(1, Ordering::SeqCst);
