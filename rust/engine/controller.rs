@@ -29,6 +29,14 @@
 //! time) grow no further than the cores: more would share them, and the
 //! window's noise could still read as a gain.
 //!
+//! A full ready queue shrinks the pool only down to the workers the
+//! consumer's pace keeps busy (Little's law: the mean count on a task over
+//! the window), with headroom: a queue that is full because the loop is
+//! slow needs no more workers than it keeps busy, but the queue drains
+//! only after many windows (its bound is the prefetch of the starting
+//! count), so a shrink judged on its occupancy alone ran on past what the
+//! loop needed (32 threads at 1 ms a sample, down to 11) and starved it.
+//!
 //! A worker also costs the training loop: threads share its GIL. The
 //! consumer's step (its time between two requests for a batch) is measured
 //! per window, and a growth step after which the loop's steps ran more than
@@ -57,6 +65,9 @@ pub struct Window {
     /// The consumer's mean wait, in seconds: its time between asking for a
     /// batch and receiving it. None when it received none.
     pub wait: Option<f64>,
+    /// The mean number of workers on a task over the window (their task
+    /// time over its length). None when not measured.
+    pub busy_workers: Option<f64>,
 }
 
 impl Window {
@@ -75,6 +86,7 @@ impl Window {
             compute: other.compute.or(self.compute),
             step: mean(self.step, other.step),
             wait: mean(self.wait, other.wait),
+            busy_workers: mean(self.busy_workers, other.busy_workers),
         }
     }
 }
@@ -91,8 +103,11 @@ pub struct ControllerConfig {
     pub max_step: usize,
     /// Occupancy below which the consumer is starving: grow.
     pub starving_below: f64,
-    /// Occupancy above which data is well ahead of the consumer: shrink.
+    /// Occupancy above which data is well ahead of the consumer: shrink...
     pub ahead_above: f64,
+    /// ...while the pool, one worker fewer, still has this many times the
+    /// workers the consumer's pace keeps busy.
+    pub shrink_headroom: f64,
     /// CPU use at or above which no worker is added.
     pub cpu_saturated: f64,
     /// Workers that spend this share of their task time on a CPU compute:
@@ -135,6 +150,7 @@ impl ControllerConfig {
             max_step: 2,
             starving_below: 0.5,
             ahead_above: 0.9,
+            shrink_headroom: 1.25,
             cpu_saturated: 0.9,
             compute_bound: 0.3,
             cores_bound: 0.75,
@@ -344,7 +360,12 @@ impl Controller {
                 });
                 self.workers = to;
             }
-        } else if occupancy > config.ahead_above && self.workers > config.min_workers {
+        } else if occupancy > config.ahead_above
+            && self.workers > config.min_workers
+            && window.busy_workers.map_or(true, |busy| {
+                (self.workers - 1) as f64 >= busy * config.shrink_headroom
+            })
+        {
             self.workers -= 1;
         }
         self.workers
@@ -418,7 +439,7 @@ mod tests {
             let mut before = controller.workers();
             prop_assert!((min..=max).contains(&before));
             for (throughput, occupancy, cpu) in windows {
-                let after = controller.observe(Window { throughput, occupancy, cpu, compute: None, step: None, wait: None });
+                let after = controller.observe(Window { throughput, occupancy, cpu, compute: None, step: None, wait: None, busy_workers: None });
                 prop_assert!((min..=max).contains(&after));
                 // Quadrupling while steps scale linearly, and taken back.
                 prop_assert!(after.abs_diff(before) <= 3 * before.max(2));
@@ -435,6 +456,7 @@ mod tests {
             compute: None,
             step: None,
             wait: None,
+            busy_workers: None,
         }
     }
 
@@ -577,6 +599,7 @@ mod tests {
             compute: None,
             step: Some(step),
             wait: Some(wait),
+            busy_workers: None,
         }
     }
 
@@ -690,6 +713,21 @@ mod tests {
     }
 
     #[test]
+    fn a_full_ready_queue_shrinks_no_further_than_the_workers_the_consumer_keeps_busy() {
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 32);
+        // The loop keeps 20 workers on a task: 25 (20 with headroom) stay,
+        // however long the queue stays full.
+        let busy = |workers| Window {
+            busy_workers: Some(workers),
+            ..window(20_000.0, 1.0, Some(0.5))
+        };
+        let counts: Vec<usize> = (0..12).map(|_| controller.observe(busy(20.0))).collect();
+        assert_eq!(counts, [31, 30, 29, 28, 27, 26, 25, 25, 25, 25, 25, 25]);
+        // A loop that slows down needs fewer: the shrink goes on.
+        assert_eq!(controller.observe(busy(10.0)), 24);
+    }
+
+    #[test]
     fn a_half_full_queue_holds_the_count() {
         let mut controller = Controller::new(ControllerConfig::new(1, 64), 6);
         for _ in 0..10 {
@@ -707,6 +745,7 @@ mod tests {
             compute: None,
             step: None,
             wait: None,
+            busy_workers: None,
         };
         assert_eq!(controller.observe(idle), 2);
         assert_eq!(controller.observe(window(100.0, 0.0, None)), 4);
@@ -732,6 +771,7 @@ mod tests {
             compute: None,
             step: None,
             wait: None,
+            busy_workers: None,
         };
         // The average still says "starving", but nobody asked: hold.
         for _ in 0..20 {

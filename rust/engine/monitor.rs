@@ -237,6 +237,7 @@ impl Adapter {
             compute: (busy > 0).then(|| cpu as f64 / busy as f64),
             step: consumer.step,
             wait: consumer.wait,
+            busy_workers: Some(busy as f64 / elapsed.as_nanos().max(1) as f64),
         };
         let decided = self.controller.observe(window);
         if pool.is_fixed() {
