@@ -20,7 +20,7 @@ and, for minato, the GIL takes its bindings count per batch
 (rust/bindings/gil_takes.rs: a task entering Python, a collate, each
 return from a GIL-free wait; Python's own hand-overs are not seen), and
 how it ran: the worker method and the pool's size at the end (from
-``stats()``; the defaults choose both).
+``stats()``; the defaults choose both, and say why on the line below).
 
     python benchmarks/manycore.py [--workers 16 --sleep-ms 3] [--batch 64]
         [--busy [--busy-at-workers-nice]]
@@ -71,7 +71,7 @@ def _self_cpu() -> float:
 
 
 #: How the last minato loader `measure` ran: (worker method, final pool).
-last_run: tuple[str, int] | None = None
+last_run: tuple[str, int, str] | None = None
 
 
 def measure(make_loader) -> tuple[float, float, float]:
@@ -94,7 +94,7 @@ def measure(make_loader) -> tuple[float, float, float]:
     if stats is not None:
         # The pool is shut down after the epoch: its last size is history.
         history = stats.worker_history or [(0.0, stats.workers)]
-        last_run = (stats.worker_method, history[-1][1])
+        last_run = (stats.worker_method, history[-1][1], stats.worker_method_reason or "")
     del iterator, loader
     return samples / elapsed, cpu / max(samples, 1), takes / max(batches, 1)
 
@@ -191,6 +191,8 @@ def main() -> None:
             gil = "" if use_torch else f"  {takes:6.1f} GIL takes/batch"
             if last_run is not None:
                 gil += f"  {last_run[0]}, {last_run[1]} at the end"
+                if last_run[2].startswith("auto"):
+                    gil += f"\n      ({last_run[2]})"
             print(
                 f"  {name:44s} {rate:9,.0f}/s  {rate / ideal:5.2f} of ideal  "
                 f"{cpu * 1e6:6.1f} us CPU/sample{gil}"

@@ -939,13 +939,15 @@ def _loop_bound_run(
     probe_delay: float = 0.0,
     cpu_share: float | None = None,
     gil_share: float = 0.0,
+    occupancy: float | None = None,
 ) -> tuple[WorkerMethod, list]:
     """A loop that receives a batch every 50 ms after waiting `waited` for
     it, its probes finding the GIL free (the workers idle, as a full queue
     leaves them) or waiting `probe_delay`, then, if moved, a batch every
     `processes_interval`. Its workers wait for the GIL `gil_share` of their
     fetch time and spend `cpu_share` of the rest on a CPU (None: the engine
-    does not say)."""
+    does not say). Each of its requests finds the ready queue `occupancy`
+    full (None: the engine does not say)."""
     clock = _Clock(probe_delay)
     monkeypatch.setattr(_worker_method, "time", clock)
     method = WorkerMethod("auto")
@@ -962,6 +964,8 @@ def _loop_bound_run(
         figures = dict(figures, samples_loaded=16 * batch, busy=busy, gil_wait=gil_share * busy)
         if cpu_share is not None:
             figures["cpu"] = cpu_share * (1 - gil_share) * busy
+        if occupancy is not None:
+            figures.update(queue_asks=batch, queue_occupancy=occupancy)
         verdicts.append(method.observe(figures, can_trial=can_trial))
         if method.wants_processes:
             break
@@ -987,6 +991,24 @@ def test_a_loop_that_sets_the_pace_tries_processes_and_keeps_them_if_it_runs_fas
     assert "warm" in verdicts and verdicts.count("move") == 1
     assert "sets the pace" in method.reason
     assert method.processes and "25.0 batches/s on them against 20.0" in method.reason
+
+
+def test_a_loop_that_never_waits_but_finds_the_queue_short_does_not_set_the_pace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Batches do not pile up before it: its own steps are slowed (many
+    # worker threads handing the GIL around), and a trial on threads that
+    # slow it would read processes faster whatever they then run at.
+    method, verdicts = _loop_bound_run(
+        monkeypatch, waited=0.001, processes_interval=0.04, occupancy=0.17
+    )
+    assert "move" not in verdicts and not method.wants_processes, method.reason
+    assert "sets the pace" not in method.reason
+    # Finding it full, the same loop sets the pace.
+    method, verdicts = _loop_bound_run(
+        monkeypatch, waited=0.001, processes_interval=0.04, occupancy=0.9
+    )
+    assert verdicts.count("move") == 1 and "sets the pace" in method.reason
 
 
 def test_a_loop_that_sets_the_pace_tries_processes_once_its_second_batch_shows_it(

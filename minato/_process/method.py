@@ -20,7 +20,8 @@ Python holds the GIL, which threads can only share:
 Either past its threshold puts the loader on processes *on trial*, and so
 do a training loop that keeps the workers ahead of it (it waited for data
 under ``LOOP_BOUND_WAITED`` of its time since its first batch, the
-workers' start-up left out: a GPU-bound loop, whose speed is all that
+workers' start-up left out, and found the ready queue at least
+``LOOP_BOUND_OCCUPANCY`` full: a GPU-bound loop, whose speed is all that
 counts), as soon as its second batch shows it, and, after
 ``DECIDE_AFTER_S``, a loop GIL delay past half the bound. Where the loop
 sets the pace, the probe, taken as a batch arrives, finds the workers
@@ -169,6 +170,15 @@ TRIAL_TOLERANCE = 0.03
 # A loop that waited for data less than this share of its time sets the
 # pace: a trial tells whether worker threads slow it...
 LOOP_BOUND_WAITED = 0.1
+# ...and found the ready queue at least this full on average when it asked
+# (the adaptive pool's own line between starving and not): batches pile up
+# before a loop that sets the pace. One that never waits while the queue
+# stays short is slowed itself, by worker threads handing the GIL around
+# (32 threads sleeping 1 ms a sample, data alone: occupancy 0.17 at its
+# second batch, its rate on threads then a fifth of its steady state, and a
+# trial that chose processes that ran 0.8x threads); the loop's GIL delay
+# judges that.
+LOOP_BOUND_OCCUPANCY = 0.5
 # ...and keeps processes only if the loop ran this much faster on them.
 TRIAL_GAIN = 0.03
 
@@ -231,6 +241,17 @@ class _Window:
     paced_batches: int = 0
     # This process's CPU time (all its threads) when the window started.
     process_cpu: float = 0.0
+    # The loop's requests for a batch until then, and the sum of the ready
+    # queue's occupancy each found.
+    asks: int = 0
+    occupancy_sum: float = 0.0
+
+
+def _asked(figures: dict[str, float]) -> tuple[int, float]:
+    """The loop's requests for a batch so far, and the sum of the ready
+    queue's occupancy each found (from the engine's mean)."""
+    asks = int(figures.get("queue_asks", 0))
+    return asks, (figures.get("queue_occupancy") or 0.0) * asks
 
 
 # What auto decided for good, by the dataset's type: a later loader over a
@@ -395,6 +416,7 @@ class WorkerMethod:
             self._start_up,
             self._paced_batches,
             time.process_time(),
+            *_asked(figures),
         )
 
     def wants_probe(self, now: float) -> bool:
@@ -432,7 +454,11 @@ class WorkerMethod:
         waited_share = (self._waited - window.waited) / paced_for if paced_for > 0 else 1.0
         # Not before the loop has shown its pace: a batch after the first.
         paced = self._paced_batches > window.paced_batches
-        loop_bound = can_trial and paced and waited_share < LOOP_BOUND_WAITED
+        asks, occupancy_sum = _asked(figures)
+        asks -= window.asks
+        occupancy = (occupancy_sum - window.occupancy_sum) / asks if asks > 0 else None
+        ahead = occupancy is None or occupancy >= LOOP_BOUND_OCCUPANCY
+        loop_bound = can_trial and paced and waited_share < LOOP_BOUND_WAITED and ahead
         samples = int(figures["samples_loaded"]) - window.samples
         busy = figures["busy"] - window.busy
         gil_wait = figures["gil_wait"] - window.gil_wait

@@ -61,6 +61,7 @@ pub(crate) fn to_dict<'py>(
     dict.set_item("cpu", stats.cpu.as_secs_f64())?;
     dict.set_item("gil_wait", gil_wait.total().as_secs_f64())?;
     dict.set_item("queue_occupancy", stats.occupancy)?;
+    dict.set_item("queue_asks", stats.asks)?;
     dict.set_item("loop_step", stats.loop_step.map(|step| step.as_secs_f64()))?;
     dict.set_item("slow_samples", stats.slow_samples)?;
     dict.set_item("moved_samples", stats.moved_samples)?;

@@ -25,6 +25,8 @@ pub struct EngineStats {
     /// Mean ready-queue occupancy (0..=1) seen by the consumer when it asked
     /// for the next batch; None before it asked.
     pub occupancy: Option<f64>,
+    /// How many times it asked (the occupancy's count).
+    pub asks: u64,
     /// The consumer's mean step: its time between receiving an output and
     /// asking for the next (the training loop's own work); None before one.
     pub loop_step: Option<Duration>,
@@ -110,6 +112,11 @@ impl Occupancy {
             return self.consumer_waiting.load(Ordering::Relaxed).then_some(0.0);
         }
         Some(sum as f64 / SCALE / count as f64)
+    }
+
+    /// How many requests the mean since the start counts.
+    pub fn asks(&self) -> u64 {
+        self.total_count.load(Ordering::Relaxed)
     }
 
     /// The mean since the start.

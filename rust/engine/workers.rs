@@ -170,6 +170,7 @@ impl<W: WorkerHooks> Workers<W> {
             busy: Duration::from_nanos(shared.busy_nanos.load(Ordering::Relaxed)),
             cpu: Duration::from_nanos(shared.cpu_nanos.load(Ordering::Relaxed)),
             occupancy: self.occupancy.mean(),
+            asks: self.occupancy.asks(),
             loop_step: self.steps.mean(),
             ..EngineStats::default()
         }
