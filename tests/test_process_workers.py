@@ -499,6 +499,51 @@ def test_auto_keeps_threads_where_the_work_releases_the_gil() -> None:
     assert wait_until(lambda: not workers_of_this_process())
 
 
+def test_the_fork_server_goes_once_auto_keeps_threads_for_every_loader(tmp_path: Path) -> None:
+    # Forked at construction, it comes to hold a copy of every page the
+    # training process writes: kept only while a loader may still move. A
+    # fresh interpreter: no other test's loader may hold it.
+    script = textwrap.dedent("""
+        import time
+        import minato
+        from minato._process import workers
+
+        class Sleeps:
+            def __len__(self):
+                return 2000
+
+            def __getitem__(self, index):
+                time.sleep(0.002)
+                return index
+
+        loader = minato.DataLoader(Sleeps(), batch_size=8, num_workers=2, persistent_workers=True)
+        print("started", workers._zygote_running())
+        for _ in range(20):
+            assert sorted(int(i) for batch in loader for i in batch) == list(range(2000))
+            if not loader.stats().worker_method_reason.startswith("auto: threads until"):
+                break
+        print("kept", loader.stats().worker_method, loader.stats().worker_method_reason)
+        print("running", workers._zygote_running())
+        forced = minato.DataLoader(
+            list(range(16)), batch_size=4, num_workers=2, worker_method="multiprocessing"
+        )
+        assert sorted(int(i) for batch in forced for i in batch) == list(range(16))
+        print("again", workers._zygote_running())
+        """)
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,  # the installed minato, not the checkout's sources
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "started True", run.stdout
+    assert lines[1].startswith("kept thread auto: "), run.stdout
+    assert lines[2:] == ["running False", "again True"], run.stdout
+
+
 def test_the_option_forces_either_way() -> None:
     threads = minato.DataLoader(PurePython(), batch_size=8, num_workers=2, worker_method="thread")
     assert indices(threads) == list(range(4000))

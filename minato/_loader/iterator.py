@@ -30,7 +30,13 @@ from minato._minato import (
     _before_fork,
 )
 from minato._process.method import WorkerMethod
-from minato._process.workers import ProcessWorkers, fork_server_ready, stop_all, warm_up
+from minato._process.workers import (
+    ProcessWorkers,
+    fork_server_ready,
+    release_fork_server,
+    stop_all,
+    warm_up,
+)
 from minato._task.failures import (
     SampleFailure,
     Skipped,
@@ -586,10 +592,14 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         self._next_method_check = now + METHOD_CHECK_INTERVAL_S
         verdict = method.observe(self._engine.stats(), can_trial=processes.per_task_switch)
         if verdict is None:
+            if method.decided and not method.wants_processes:
+                # Threads for good, before any worker process ran.
+                release_fork_server()
             return
         why = processes.check_picklable()
         if why is not None:
             method.cannot_use_processes(why)
+            release_fork_server()
             return
         warm_up(processes.modules())
         # Where the signs point to processes, threads whose Python takes the

@@ -254,6 +254,9 @@ def _asked(figures: dict[str, float]) -> tuple[int, float]:
     return asks, (figures.get("queue_occupancy") or 0.0) * asks
 
 
+# Every live loader's method (see WorkerMethod.any_may_use_processes).
+_methods: weakref.WeakSet[WorkerMethod] = weakref.WeakSet()
+
 # What auto decided for good, by the dataset's type: a later loader over a
 # dataset of that type (an evaluation loader, one re-created each epoch, a
 # Lightning re-instantiation) starts from it instead of from a thread phase.
@@ -298,6 +301,7 @@ class WorkerMethod:
             else:
                 self._threads_inherited = True
         self._window: _Window | None = None
+        _methods.add(self)
         self._worth_probing = False
         self._probe_total = 0.0
         self._probes = 0
@@ -322,6 +326,11 @@ class WorkerMethod:
         # Whether the trial's thread side is short though a gain is wanted
         # (see _judge_loop).
         self._short_threads_side = False
+
+    @staticmethod
+    def any_may_use_processes() -> bool:
+        """Whether a live loader's workers may still run in processes."""
+        return any(method.may_use_processes for method in list(_methods))
 
     @property
     def may_use_processes(self) -> bool:

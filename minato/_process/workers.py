@@ -526,12 +526,36 @@ def stop_all() -> None:
     does not warn of a subprocess still running)."""
     for workers in list(_live):
         workers.close()
-    global _the_zygote
+    _stop_fork_server()
+
+
+def release_fork_server() -> None:
+    """Stops the fork server once no live loader may use worker processes
+    (auto decided threads for every one): forked from this process, it
+    comes to hold its own copy of every page this process writes after the
+    fork (at 8 PIL workers on threads its PSS read 244 MB at the epoch's
+    end: benchmarks/RESULTS.md). A later loader that may use processes
+    starts it again."""
+    if not WorkerMethod.any_may_use_processes():
+        # Killed: on the training loop's thread, it must not wait for an
+        # import the server may be in.
+        _stop_fork_server(kill=True)
+
+
+def _stop_fork_server(kill: bool = False) -> None:
+    global _the_zygote, _warming_in
     with _zygote_lock:
         zygote, _the_zygote = _the_zygote, None
+    with _zygote_start_lock:
+        _warming_in = None  # a later warm-up imports the modules again
     if zygote is None or zygote.pid != os.getpid():
         return
+    # Shut down first: a warm-up thread waiting on the socket wakes.
+    with contextlib.suppress(OSError):
+        zygote.sock.shutdown(socket.SHUT_RDWR)
     zygote.sock.close()  # the fork server exits when its socket closes
+    if kill:
+        zygote.process.kill()
     try:
         zygote.process.wait(timeout=1.0)
     except subprocess.TimeoutExpired:
