@@ -535,8 +535,17 @@ def release_fork_server() -> None:
     comes to hold its own copy of every page this process writes after the
     fork (at 8 PIL workers on threads its PSS read 244 MB at the epoch's
     end: benchmarks/RESULTS.md). A later loader that may use processes
-    starts it again."""
-    if not WorkerMethod.any_may_use_processes():
+    starts it again. Not while a worker process it forked lives (a loader
+    whose trial went back to threads stops its own as its workers go on):
+    while the server is their parent, the kernel reaps them as they exit
+    (it ignores SIGCHLD); orphaned, they would be left to this machine's
+    init."""
+    if WorkerMethod.any_may_use_processes():
+        return
+    processes_live = True
+    with contextlib.suppress(RuntimeError):  # a set changed while read: keep it
+        processes_live = any(len(workers._processes) for workers in list(_live))
+    if not processes_live:
         # Killed: on the training loop's thread, it must not wait for an
         # import the server may be in.
         _stop_fork_server(kill=True)
