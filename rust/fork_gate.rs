@@ -93,20 +93,16 @@ pub extern "C" fn after_fork_in_child() {
 /// Has `fork` call the two handlers above; a failure (out of memory) is
 /// retried on the next fork.
 fn install_fork_end_handlers() {
-    if HANDLERS.load(Ordering::Acquire) || HANDLERS.swap(true, Ordering::AcqRel) {
-        return;
-    }
+    // SAFETY: the handlers are plain functions that stay loaded for the
+    // life of the process (the extension module is never unloaded), and
+    // they only store to atomics, as handlers run in a fork child must.
     #[cfg(unix)]
-    {
-        // SAFETY: the handlers are plain functions that stay loaded for the
-        // life of the process (the extension module is never unloaded), and
-        // they only store to atomics, as handlers run in a fork child must.
-        let failed = unsafe {
-            libc::pthread_atfork(None, Some(after_fork_in_parent), Some(after_fork_in_child))
-        } != 0;
-        if failed {
-            HANDLERS.store(false, Ordering::Release);
-        }
+    unsafe {
+        crate::process::install_fork_handlers_once(
+            &HANDLERS,
+            Some(after_fork_in_parent),
+            Some(after_fork_in_child),
+        );
     }
 }
 

@@ -29,18 +29,37 @@ extern "C" fn count_fork() {
 /// Installs [`count_fork`] once; a failure (out of memory) is retried on
 /// the next call, and meanwhile the pid still tells a child apart.
 fn count_forks() {
-    if COUNTING.load(Ordering::Acquire) || COUNTING.swap(true, Ordering::AcqRel) {
+    // SAFETY: the handler is a plain function that stays loaded for the
+    // life of the process (the extension module is never unloaded), and it
+    // only adds to an atomic.
+    #[cfg(unix)]
+    unsafe {
+        install_fork_handlers_once(&COUNTING, None, Some(count_fork));
+    }
+}
+
+/// Has `fork` call `in_parent` in the parent and `in_child` in the child
+/// after every fork, installed once for the flag `installed`; a failure
+/// (out of memory) leaves the flag clear, to be tried again on the next
+/// call.
+///
+/// # Safety
+///
+/// The handlers run right after a fork, in the child with only the forking
+/// thread: they must be async-signal-safe (atomics only, no lock, no
+/// allocation), and stay loaded for the life of the process.
+#[cfg(unix)]
+pub(crate) unsafe fn install_fork_handlers_once(
+    installed: &AtomicBool,
+    in_parent: Option<unsafe extern "C" fn()>,
+    in_child: Option<unsafe extern "C" fn()>,
+) {
+    if installed.load(Ordering::Acquire) || installed.swap(true, Ordering::AcqRel) {
         return;
     }
-    #[cfg(unix)]
-    {
-        // SAFETY: the handler is a plain function that stays loaded for the
-        // life of the process (the extension module is never unloaded), and
-        // it only adds to an atomic.
-        let failed = unsafe { libc::pthread_atfork(None, None, Some(count_fork)) } != 0;
-        if failed {
-            COUNTING.store(false, Ordering::Release);
-        }
+    // SAFETY: the handlers are as this function's contract asks.
+    if unsafe { libc::pthread_atfork(None, in_parent, in_child) } != 0 {
+        installed.store(false, Ordering::Release);
     }
 }
 
