@@ -70,7 +70,7 @@ def _self_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-#: How the last minato loader `measure` ran: (worker method, final pool).
+#: How the last minato loader `measure` ran: (worker method, final pool, why).
 last_run: tuple[str, int, str] | None = None
 
 
