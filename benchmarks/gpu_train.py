@@ -458,8 +458,16 @@ def main() -> None:
         gpu = "n/a" if utilisation is None else f"{utilisation:5.1f}%"
         data = "" if alone is None else f"  data alone {alone:8.1f} images/s"
         print(f"  {name:<40} {rate:8.1f} images/s  {rate / best:6.1%} of (a)  GPU util {gpu}{data}")
-    for label, text in stats.items():
-        print(f"\n{label} stats:\n{text}")
+    for label, loader_stats in stats.items():
+        print(f"\n{label} stats:\n{loader_stats}")
+        # The adaptive controller's changes, each with why and its window:
+        # the pool's path to where it ended.
+        for resize in loader_stats.resizes[:24]:
+            print(
+                f"    {resize.at:6.2f}s -> {resize.workers:3d}  {resize.samples_per_s:7.0f}/s "
+                f"queue {resize.queue_occupancy or 0:.2f} on CPU {resize.on_cpu or 0:.2f} "
+                f"process CPU {resize.process_cpu or 0:.2f}  {resize.reason}"
+            )
     if args.trace and cuda and args.only is None:
         for name in (
             "(c) minato + minato.io, device=cuda",

@@ -8,7 +8,7 @@ and the loader's workers become threads run by a Rust engine instead of
 processes: no start-up cost, no copied memory, no inter-process transfer.
 """
 
-from minato._loader.stats import LoaderStats
+from minato._loader.stats import LoaderStats, PoolResize
 from minato._task.failures import SampleFailure, TooManyFailures
 from minato._thread.torch_threads import install as _install_thread_support
 from minato.dataloader import DataLoader
@@ -19,6 +19,7 @@ _install_thread_support()
 __all__ = [
     "DataLoader",
     "LoaderStats",
+    "PoolResize",
     "SampleFailure",
     "TooManyFailures",
     "install",

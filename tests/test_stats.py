@@ -205,6 +205,24 @@ def test_an_adaptive_pool_delivers_every_sample_once_within_its_bounds(shuffle) 
     assert loader.num_workers == 2, "the public num_workers keeps the value given"
     assert all(1 <= n <= 6 for _, n in stats.worker_history)
     assert stats.worker_history[0] == (0.0, 2)
+    # Each change the controller made says why, with the window behind it,
+    # and is one of the history's entries.
+    for resize in stats.resizes:
+        assert isinstance(resize, minato.PoolResize) and resize.reason
+        assert (resize.at, resize.workers) in stats.worker_history
+        assert resize.samples_per_s >= 0.0
+
+
+def test_a_growing_pool_says_why_it_grew() -> None:
+    loader = minato.DataLoader(SleepyIo(1500), batch_size=4, num_workers=1, max_workers=8)
+    drain(loader)
+    stats = loader.stats()
+    # One worker sleeping 2 ms a sample cannot keep a loop that waits fed:
+    # the pool grew, and the first growth is a step while the loop starved.
+    assert max(n for _, n in stats.worker_history) > 1
+    assert stats.resizes[0].reason.startswith("the loop starved")
+    assert stats.resizes[0].queue_occupancy is not None and stats.resizes[0].queue_occupancy < 0.5
+    assert "last resize" in str(stats)
 
 
 def test_the_next_epoch_starts_where_the_controller_settled() -> None:

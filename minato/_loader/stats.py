@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from minato._util.fork import ForkSafeLock
 from minato._util.log import logger
@@ -27,6 +27,30 @@ GIL_HINT_MIN_SAMPLES = 100
 MAX_FAILURES_KEPT = 10_000
 # Engine figures that add up over the engines a loader has run.
 _SUMMED = ("gil_wait", "busy", "cpu", "slow_samples", "moved_samples")
+
+
+class PoolResize(NamedTuple):
+    """One change the adaptive controller made to the worker count, and the
+    window of measurements that decided it."""
+
+    at: float
+    """Seconds since the loader's first iterator started."""
+    workers: int
+    """The count it changed to."""
+    reason: str
+    """Why, in words: a growth step while the loop starved, a step taken
+    back that did not pay, one worker fewer while the ready queue stayed
+    full, ..."""
+    samples_per_s: float
+    """Samples the workers finished per second over the window."""
+    queue_occupancy: float | None
+    """The ready queue's mean occupancy when the loop asked (0: it waited)."""
+    on_cpu: float | None
+    """The share of the workers' task time they spent on a CPU."""
+    process_cpu: float | None
+    """The process's CPU use, as a share of its cores."""
+    loop_step: float | None
+    """The training loop's mean step between batches, in seconds."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +85,10 @@ class LoaderStats:
     worker_history: tuple[tuple[float, int], ...] = ()
     """(seconds since the loader's first iterator started, worker count) at
     each start of workers and each change the adaptive controller made."""
+    resizes: tuple[PoolResize, ...] = ()
+    """The adaptive controller's changes of the worker count, each with why
+    and the measurements that decided it (the most recent 4,096 per
+    engine)."""
     fetch_p50: float | None = None
     """Median time a worker spent on one sample (recent samples), not counting
     its wait to take the GIL (``gil_wait``)."""
@@ -135,6 +163,7 @@ class LoaderStats:
             ("batches", str(self.batches)),
             ("workers", str(self.workers)),
             ("worker history", changes or "-"),
+            ("last resize", _resize(self.resizes[-1]) if self.resizes else "-"),
             ("fetch p50 / p90 / p99", " / ".join(map(_ms, fetch))),
             ("fetch time (all workers)", f"{self.fetch_time:.3f}s"),
             ("GIL wait", f"{self.gil_wait:.3f}s ({_share(self.gil_share)} of fetch time)"),
@@ -157,6 +186,14 @@ class LoaderStats:
         return "\n".join(lines)
 
 
+def _resize(resize: PoolResize) -> str:
+    return (
+        f"{resize.workers}@{resize.at:.2f}s: {resize.reason} "
+        f"({resize.samples_per_s:.0f} samples/s, queue {_share(resize.queue_occupancy)}, "
+        f"workers on a CPU {_share(resize.on_cpu)}, process CPU {_share(resize.process_cpu)})"
+    )
+
+
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"
 
@@ -168,14 +205,16 @@ def _share(fraction: float | None) -> str:
 def _add(
     totals: dict[str, Any],
     history: list[tuple[float, int]],
+    resizes: list[PoolResize],
     figures: dict[str, Any],
     offset: float,
 ) -> None:
-    """Adds one engine's figures to the running totals and worker history;
-    its history is shifted by `offset`, when it started."""
+    """Adds one engine's figures to the running totals, worker history and
+    resizes; its times are shifted by `offset`, when it started."""
     for key in _SUMMED:
         totals[key] += figures[key]
     history.extend((offset + at, count) for at, count in figures["worker_history"])
+    resizes.extend(PoolResize(offset + at, *rest) for at, *rest in figures.get("resizes", ()))
 
 
 class StatsRecorder:
@@ -194,6 +233,7 @@ class StatsRecorder:
         # Totals of engines that have stopped.
         self._closed: dict[str, Any] = dict.fromkeys(_SUMMED, 0)
         self._history: list[tuple[float, int]] = []
+        self._resizes: list[PoolResize] = []
         self._last: dict[str, Any] = {}
         self._live: Any = None
         self._live_offset = 0.0
@@ -219,7 +259,7 @@ class StatsRecorder:
         with self._lock:
             if self._live is engine:
                 self._live = None
-            _add(self._closed, self._history, figures, self._live_offset)
+            _add(self._closed, self._history, self._resizes, figures, self._live_offset)
             if figures["worker_history"]:
                 self.learned_workers = figures["worker_history"][-1][1]
             self._last = figures
@@ -249,13 +289,14 @@ class StatsRecorder:
             offset = self._live_offset
             closed = dict(self._closed)
             history = list(self._history)
+            resizes = list(self._resizes)
             last = self._last
             started = self.started
             skipped_samples = self.skipped_samples
             failures = tuple(self._failures)
         if live is not None:
             figures = live.stats()
-            _add(closed, history, figures, offset)
+            _add(closed, history, resizes, figures, offset)
             workers = figures["workers"]
         else:
             figures = last
@@ -270,6 +311,7 @@ class StatsRecorder:
             sample_timeout=figures.get("sample_timeout"),
             workers=workers,
             worker_history=tuple(history),
+            resizes=tuple(resizes),
             fetch_p50=figures.get("fetch_p50"),
             fetch_p90=figures.get("fetch_p90"),
             fetch_p99=figures.get("fetch_p99"),

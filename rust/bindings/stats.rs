@@ -56,6 +56,24 @@ pub(crate) fn to_dict<'py>(
         .map(|&(at, count)| (at.as_secs_f64(), count))
         .collect();
     dict.set_item("worker_history", history)?;
+    let resizes: Vec<_> = stats
+        .resizes
+        .iter()
+        .map(|resize| {
+            let window = &resize.window;
+            (
+                resize.at.as_secs_f64(),
+                resize.workers,
+                resize.reason.describe(),
+                window.throughput,
+                window.occupancy,
+                window.compute,
+                window.cpu,
+                window.step,
+            )
+        })
+        .collect();
+    dict.set_item("resizes", resizes)?;
     dict.set_item("samples_loaded", stats.samples_loaded)?;
     dict.set_item("busy", stats.busy.as_secs_f64())?;
     dict.set_item("cpu", stats.cpu.as_secs_f64())?;

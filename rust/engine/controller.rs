@@ -188,6 +188,48 @@ impl Probe {
     }
 }
 
+/// Why the controller changed the worker count: recorded with each change,
+/// so that `stats()` says why a pool grew or shrank, not only when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResizeReason {
+    /// The loop starved for data: a growth step, kept if it pays.
+    Grow,
+    /// A quadrupling fell short of linear: the doubling within it is judged.
+    HalfWay,
+    /// A growth step did not raise samples/s enough, or slowed the loop.
+    TakenBack,
+    /// After a step that did not pay: one worker fewer, kept if it loses nothing.
+    TryFewer,
+    /// One worker fewer lost samples/s: back to the count before.
+    FewerLost,
+    /// The ready queue stayed full: one worker fewer.
+    QueueFull,
+}
+
+impl ResizeReason {
+    pub fn describe(self) -> &'static str {
+        match self {
+            ResizeReason::Grow => "the loop starved: a growth step",
+            ResizeReason::HalfWay => "a quadrupling fell short of linear: its doubling judged",
+            ResizeReason::TakenBack => "a growth step did not pay: taken back",
+            ResizeReason::TryFewer => "after a step that did not pay: one fewer tried",
+            ResizeReason::FewerLost => "one fewer lost samples/s: back",
+            ResizeReason::QueueFull => "the ready queue stayed full: one fewer",
+        }
+    }
+}
+
+/// One change of the worker count: when, to what, why, and the window
+/// that decided it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Resize {
+    /// Time since the pool started.
+    pub at: std::time::Duration,
+    pub workers: usize,
+    pub reason: ResizeReason,
+    pub window: Window,
+}
+
 /// Decides the worker count, one window at a time.
 #[derive(Debug, Clone)]
 pub struct Controller {
@@ -215,6 +257,8 @@ pub struct Controller {
     /// Moving average of the process's CPU use: one short window's reading
     /// varies by a tenth.
     cpu: Option<f64>,
+    /// Why the count last changed.
+    reason: Option<ResizeReason>,
 }
 
 impl Controller {
@@ -232,12 +276,18 @@ impl Controller {
             may_quadruple: true,
             linear_steps: 0,
             cpu: None,
+            reason: None,
         }
     }
 
     /// The worker count decided so far.
     pub fn workers(&self) -> usize {
         self.workers
+    }
+
+    /// Why the worker count last changed; None before it did.
+    pub fn reason(&self) -> Option<ResizeReason> {
+        self.reason
     }
 
     /// Takes one window's measurements; returns the worker count to use next.
@@ -271,6 +321,7 @@ impl Controller {
                     // Short of linear: judge the doubling within it.
                     self.may_quadruple = false;
                     self.workers = half_way;
+                    self.reason = Some(ResizeReason::HalfWay);
                     self.probe = Some(Probe {
                         first_look: None,
                         half_way: None,
@@ -290,6 +341,11 @@ impl Controller {
                     self.try_fewer = true;
                 }
                 self.workers = probe.from;
+                self.reason = Some(if growth {
+                    ResizeReason::TakenBack
+                } else {
+                    ResizeReason::FewerLost
+                });
                 return self.workers;
             }
             if !growth {
@@ -314,6 +370,7 @@ impl Controller {
                 half_way: None,
             });
             self.workers -= 1;
+            self.reason = Some(ResizeReason::TryFewer);
             return self.workers;
         }
         // Occupancy is what the consumer found when it asked for a batch:
@@ -359,6 +416,7 @@ impl Controller {
                     half_way: (to > doubled).then_some(doubled),
                 });
                 self.workers = to;
+                self.reason = Some(ResizeReason::Grow);
             }
         } else if occupancy > config.ahead_above
             && self.workers > config.min_workers
@@ -367,6 +425,7 @@ impl Controller {
             })
         {
             self.workers -= 1;
+            self.reason = Some(ResizeReason::QueueFull);
         }
         self.workers
     }
@@ -701,6 +760,34 @@ mod tests {
         // Workers that mostly wait (I/O) grow past the cores.
         let waiting = settled(1, 0.05, 0.2);
         assert!(waiting > 4, "{waiting}");
+    }
+
+    #[test]
+    fn each_change_says_why() {
+        // Flat in the worker count (GIL-bound): a growth step of one
+        // `max_step`, taken back after two looks, then one fewer tried.
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 2);
+        assert_eq!(controller.reason(), None);
+        let mut changes = Vec::new();
+        for _ in 0..5 {
+            let before = controller.workers();
+            let after = controller.observe(window(400.0, 0.0, Some(0.2)));
+            if after != before {
+                changes.push((after, controller.reason().unwrap()));
+            }
+        }
+        assert_eq!(
+            changes,
+            [
+                (4, ResizeReason::Grow),
+                (2, ResizeReason::TakenBack),
+                (1, ResizeReason::TryFewer)
+            ]
+        );
+        // A queue that stays full.
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 5);
+        controller.observe(window(100.0, 1.0, Some(0.1)));
+        assert_eq!(controller.reason(), Some(ResizeReason::QueueFull));
     }
 
     #[test]

@@ -33,7 +33,7 @@ mod thread_state;
 mod workers;
 
 pub use collate::{Collate, Uncollated};
-pub use controller::{Controller, ControllerConfig, Window};
+pub use controller::{Controller, ControllerConfig, Resize, ResizeReason, Window};
 pub use cpu::thread_cpu_time;
 pub use dispatch::Dispatch;
 pub use error::EngineError;

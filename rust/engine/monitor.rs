@@ -243,7 +243,10 @@ impl Adapter {
         if pool.is_fixed() {
             // The pool's size was fixed meanwhile: measure, never resize.
         } else if decided != pool.target() {
-            pool.set_target(decided);
+            match self.controller.reason() {
+                Some(reason) => pool.resize(decided, reason, window),
+                None => pool.set_target(decided),
+            }
             self.settling = true;
         }
         self.start = now;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
+use super::controller::{Resize, ResizeReason, Window};
 use super::cpu::{available_cores, thread_cpu_time};
 use super::error::EngineError;
 use super::task::{Done, Finished, Task};
@@ -169,6 +170,8 @@ struct PoolState {
     handles: Vec<JoinHandle<()>>,
     /// (time since the pool started, target) at the start and each change.
     history: Vec<(Duration, usize)>,
+    /// The adaptive controller's changes, with why (at most `MAX_HISTORY`).
+    resizes: Vec<Resize>,
 }
 
 /// State shared by the consumer, the monitor and every worker thread.
@@ -312,6 +315,7 @@ impl<W: WorkerHooks> Pool<W> {
                     next_worker_id: 0,
                     handles: Vec::with_capacity(target),
                     history: vec![(Duration::ZERO, target)],
+                    resizes: Vec::new(),
                 }),
                 a_worker_exited: Condvar::new(),
                 work_started: bounded(1),
@@ -447,6 +451,11 @@ impl<W: WorkerHooks> Pool<W> {
         self.shared.state().history.clone()
     }
 
+    /// The adaptive controller's changes of the target, with why.
+    pub fn resizes(&self) -> Vec<Resize> {
+        self.shared.state().resizes.clone()
+    }
+
     /// Fixes the pool at `target` workers for the rest of its life: the
     /// adaptive controller no longer resizes it (the workers' kind changed
     /// to one whose start costs more, see the Python `worker_method`).
@@ -465,6 +474,16 @@ impl<W: WorkerHooks> Pool<W> {
     /// after their current task, or within [`IDLE_CHECK`] when idle. A pool
     /// whose workers own their queues keeps its size.
     pub fn set_target(&self, target: usize) {
+        self.change_target(target, None);
+    }
+
+    /// [`Self::set_target`], for the adaptive controller: the change is
+    /// recorded with its reason and the window that decided it.
+    pub fn resize(&self, target: usize, reason: ResizeReason, window: Window) {
+        self.change_target(target, Some((reason, window)));
+    }
+
+    fn change_target(&self, target: usize, why: Option<(ResizeReason, Window)>) {
         let Some(tasks) = &self.shared_tasks else {
             return;
         };
@@ -477,6 +496,17 @@ impl<W: WorkerHooks> Pool<W> {
                 state.history.remove(0);
             }
             state.history.push((at, target));
+            if let Some((reason, window)) = why {
+                if state.resizes.len() == MAX_HISTORY {
+                    state.resizes.remove(0);
+                }
+                state.resizes.push(Resize {
+                    at,
+                    workers: target,
+                    reason,
+                    window,
+                });
+            }
         }
         self.start_wanted(&mut state, tasks);
     }

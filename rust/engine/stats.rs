@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::controller::Resize;
 use super::fetch_times::FetchTimes;
 
 /// An engine's figures at one moment. Times are totals since it started.
@@ -14,6 +15,8 @@ pub struct EngineStats {
     pub workers: usize,
     /// (time since start, worker count decided) at the start and each change.
     pub worker_history: Vec<(Duration, usize)>,
+    /// The adaptive controller's changes of the count, with why.
+    pub resizes: Vec<Resize>,
     /// Samples the workers finished loading (delivered or not).
     pub samples_loaded: u64,
     /// Time workers spent inside tasks, their pauses (waits for the GIL)

@@ -166,6 +166,7 @@ impl<W: WorkerHooks> Workers<W> {
         EngineStats {
             workers: self.live(),
             worker_history: self.pool.history(),
+            resizes: self.pool.resizes(),
             samples_loaded: shared.samples_done.load(Ordering::Relaxed),
             busy: Duration::from_nanos(shared.busy_nanos.load(Ordering::Relaxed)),
             cpu: Duration::from_nanos(shared.cpu_nanos.load(Ordering::Relaxed)),
