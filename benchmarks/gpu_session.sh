@@ -35,7 +35,7 @@ for part in $parts; do
         step 150 python3 -m pytest -q -p no:cacheprovider --timeout 90 tests/gpu tests/test_device.py \
             tests/test_collate.py tests/test_training_thread.py ;;
     train)
-        (cd benchmarks && step 170 python3 gpu_train.py --only b c d d+ --steps 60 --alone-batches 20 &&
+        (cd benchmarks && step 170 python3 gpu_train.py --only b c d d= d+ --steps 60 --alone-batches 20 &&
             step 120 env PYTHONPATH=/tmp/old python3 gpu_train.py --only b d d+ --steps 60 --alone-batches 20) ;;
     digest)
         for _ in 1 2; do

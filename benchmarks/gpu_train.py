@@ -11,6 +11,8 @@
     case, where Python workers may share the GIL with the training loop);
 (d+) (d) with worker_method="multiprocessing" (minato's worker processes,
     not its automatic choice);
+(d=) (d) on a fixed pool of num_workers threads (adaptive=False,
+    worker_method="thread"): what the adaptive pool's growth costs;
 (e), (f) torch's DataLoader (pin_memory) and minato (device="cuda") on images
     decoded ahead: the loader's own work alone, the GPU the bottleneck.
 
@@ -336,7 +338,7 @@ def main() -> None:
         "--only",
         nargs="+",
         metavar="ROW",
-        help="run only these rows (letters: a b c d d+ e f); (a) always runs",
+        help="run only these rows (letters: a b c d d+ d= e f); (a) always runs",
     )
     parser.add_argument("--trace", help="profile (c) and (f) and write their Chrome traces here")
     parser.add_argument(
@@ -415,6 +417,11 @@ def main() -> None:
         "(d) minato + PIL, torch's arguments": lambda: pil_loader(minato.DataLoader),
         "(d+) (d), worker_method='multiprocessing'": lambda: pil_loader(
             functools.partial(minato.DataLoader, worker_method="multiprocessing")
+        ),
+        # (d) on a fixed pool of num_workers threads: what the adaptive
+        # pool's growth past the cores costs (issue 33).
+        "(d=) (d), adaptive=False, worker_method='thread'": lambda: pil_loader(
+            functools.partial(minato.DataLoader, adaptive=False, worker_method="thread")
         ),
         "(e) torch, decoded ahead, pin_memory": lambda: decoded_loader(
             tud.DataLoader, pin_memory=cuda
