@@ -82,6 +82,8 @@ def run_one(kind: str, method: str | None, images: int, workers: int, interval: 
         f"{(built - started) * 1e3:.1f} {first - built:.3f} {images / (ended - built):.1f} "
         f"{peak - base:.0f} {how}"
     )
+    if isinstance(loader, minato.DataLoader):
+        print(loader.stats().worker_method_reason)
 
 
 def sample_pss(root: int, interval: float) -> None:
@@ -153,7 +155,9 @@ def main() -> None:
                     text=True,
                     timeout=600,
                     check=True,
-                ).stdout.split()
+                ).stdout.splitlines()
+                reason = out[1] if len(out) > 1 else ""
+                out = out[0].split()
                 construct, first, rate = float(out[0]), float(out[1]), float(out[2])
                 pss = float(out[3])
                 how = f"  ({out[4]})" if len(out) > 4 else ""
@@ -162,6 +166,8 @@ def main() -> None:
                     f"{pss:+7.0f} MB{how}",
                     flush=True,
                 )
+                if method == "auto":
+                    print(f"      ({reason})", flush=True)
 
 
 if __name__ == "__main__":

@@ -30,9 +30,11 @@ __all__ = [
     "_gil_takes",
     "_load_npy",
     "_load_npz",
+    "_runnable_wait",
     "_sample_begins",
     "_sample_seed",
     "_stack_into",
+    "_thread_runnable_wait",
     "_uniform_leaves",
 ]
 
@@ -235,6 +237,11 @@ def _before_fork() -> None: ...
 # --- GIL takes counted (rust/bindings/gil_takes.rs) ---
 
 def _gil_takes() -> int: ...
+
+# --- threads' waits for a core (rust/bindings/runnable_wait.rs) ---
+
+def _runnable_wait() -> float | None: ...
+def _thread_runnable_wait() -> float | None: ...
 
 # --- a run's samples reported as each begins (rust/bindings/sample_progress.rs) ---
 

@@ -58,8 +58,10 @@ import os
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from minato._minato import _runnable_wait, _thread_runnable_wait
 from minato._util.log import logger
 
 
@@ -101,6 +103,16 @@ SERIAL_SPARE = 1.4
 # few threads are judged by their clocks alone: where cheap samples go to
 # them in runs, the wait is paid once a run and reads low.)
 SERIAL_MANY = 8
+# Threads that use about one core together because the machine's other
+# cores are taken (another process, other ranks' workers) are not run one
+# at a time by the GIL: they are runnable, waiting for a core, where threads
+# waiting for the GIL are blocked. The sign wants the process's threads to
+# have waited for a core less than this share of the time the workers at
+# work spent off a CPU. Two threads of pure Python on 2 idle cores: 0.10
+# threads waiting for a core against 0.99 off a CPU; 8 of them beside a
+# process spinning on one core, 0.62 against 7.0; 2 PIL threads beside it,
+# 0.95 against 0.9.
+SERIAL_RUNNABLE_SHARE = 0.5
 SERIAL_GIL_SHARE_PER_THREAD = 0.03
 SERIAL_GIL_SHARE_CAP = 0.3
 # A training process that keeps this share of the cores busy on threads
@@ -109,6 +121,11 @@ SERIAL_GIL_SHARE_CAP = 0.3
 # the threads stay. (8 PIL threads on 2 cores kept the process at 0.81-0.9
 # of them, and read 1.04x torch's processes where a move gave 0.85-0.88x.)
 CORES_BUSY = 0.8
+# The same where other processes take the cores (a sampler, other ranks'
+# workers): the process's threads were runnable without a core, this many
+# on average (8 PIL threads on 2 cores: 4.7-5.0, idle or beside a spinning
+# process; 8 threads of pure Python: 0.3-0.6).
+NO_SPARE_CORE_RUNNABLE = 1.0
 # A loop that waits this long on average to take the GIL back is slowed by
 # the workers: a GPU training step takes it back after every op it launches,
 # thousands a step, so a fraction of a millisecond each adds up (the trial
@@ -245,6 +262,19 @@ class _Window:
     # queue's occupancy each found.
     asks: int = 0
     occupancy_sum: float = 0.0
+    # The process's threads' time runnable but waiting for a core (None
+    # where the kernel does not tell).
+    runnable_wait: float | None = None
+
+
+def _waiting_for_a_core(window: _Window, elapsed: float) -> float | None:
+    """The mean count of this process's threads that were runnable but
+    without a core since `window` started (threads that ended since are
+    left out)."""
+    now = _runnable_wait()
+    if now is None or window.runnable_wait is None or elapsed <= 0:
+        return None
+    return max(0.0, now - window.runnable_wait) / elapsed
 
 
 def _asked(figures: dict[str, float]) -> tuple[int, float]:
@@ -426,6 +456,7 @@ class WorkerMethod:
             self._paced_batches,
             time.process_time(),
             *_asked(figures),
+            _runnable_wait(),
         )
 
     def wants_probe(self, now: float) -> bool:
@@ -435,11 +466,18 @@ class WorkerMethod:
 
     def probe(self) -> None:
         """Measures, on the training loop's thread, how long taking the GIL
-        back after releasing it takes (``time.sleep(0)`` releases it)."""
+        back after releasing it takes (``time.sleep(0)`` releases it): the
+        time it was blocked, not the time it was runnable waiting for a core
+        (a machine whose cores are taken delays any thread, a process too)."""
+        queued = _thread_runnable_wait()
         started = time.perf_counter()
         time.sleep(0)
         now = time.perf_counter()
         delay = now - started
+        if queued is not None:
+            queued_after = _thread_runnable_wait()
+            if queued_after is not None:
+                delay = max(0.0, delay - (queued_after - queued))
         self._next_probe = now + PROBE_INTERVAL_S
         self._probe_total += delay
         self._probes += 1
@@ -505,7 +543,10 @@ class WorkerMethod:
                     f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
                 )
             serial = self._serialised(
-                busy / elapsed, cpu / elapsed if cpu is not None else None, share
+                busy / elapsed,
+                cpu / elapsed if cpu is not None else None,
+                share,
+                lambda: _waiting_for_a_core(window, elapsed),
             )
             if serial is not None:
                 return self._decide(True, serial)
@@ -528,6 +569,15 @@ class WorkerMethod:
                 f"auto: the process keeps {cores_busy:.0%} of the cores busy on threads "
                 "while the training loop waits for data: processes would not load faster",
             )
+        if not loop_bound and share < GIL_BOUND_SHARE:
+            queued = _waiting_for_a_core(window, elapsed)
+            if queued is not None and queued >= NO_SPARE_CORE_RUNNABLE:
+                return self._decide(
+                    False,
+                    f"auto: the process's threads waited for a core ({queued:.1f} of them "
+                    "on average) while the training loop waits for data: no core is spare "
+                    "for processes to load faster on",
+                )
         if loop_bound:
             return self._try_for_the_loop(
                 f"the training loop sets the pace (it waited for data {waited_share:.0%} "
@@ -574,8 +624,15 @@ class WorkerMethod:
         return None
 
     @staticmethod
-    def _serialised(parallel: float, cores: float | None, gil_share: float) -> str | None:
-        """Why the workers run one at a time (see SERIAL_CORES), or None."""
+    def _serialised(
+        parallel: float,
+        cores: float | None,
+        gil_share: float,
+        waiting_for_a_core: Callable[[], float | None],
+    ) -> str | None:
+        """Why the workers run one at a time (see SERIAL_CORES), or None.
+        `waiting_for_a_core` gives the mean count of the process's threads
+        runnable without a core over the window (read only when needed)."""
         if cores is None or parallel < SERIAL_PARALLEL:
             return None
         many = parallel >= SERIAL_MANY
@@ -584,6 +641,9 @@ class WorkerMethod:
         low, high = SERIAL_CORES
         spare = min(parallel, _cores())
         if not low <= cores <= high or spare < SERIAL_SPARE * cores:
+            return None
+        runnable = waiting_for_a_core()
+        if runnable is not None and runnable >= SERIAL_RUNNABLE_SHARE * (parallel - cores):
             return None
         return (
             f"auto: {parallel:.1f} worker threads at work at once used {cores:.2f} cores "

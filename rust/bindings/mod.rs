@@ -12,6 +12,7 @@ mod io_image;
 mod io_source;
 mod io_video;
 mod locked;
+mod runnable_wait;
 mod sample_collate;
 mod sample_engine;
 mod sample_ledger;
@@ -60,5 +61,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sample_seed::register(m)?;
     sample_ledger::register(m)?;
     sample_progress::register(m)?;
+    runnable_wait::register(m)?;
     Ok(())
 }

@@ -58,6 +58,49 @@ pub fn process_cpu_time() -> Option<Duration> {
     None
 }
 
+/// The time this process's threads have spent runnable but waiting for a
+/// core, summed over the threads alive now (the kernel's scheduler
+/// statistics, `/proc/self/task/*/schedstat`); None where they cannot be
+/// read. Threads blocked on a lock (the GIL) or on I/O do not count: it
+/// tells threads that lack cores from threads that wait for each other.
+#[cfg(target_os = "linux")]
+pub fn runnable_wait() -> Option<Duration> {
+    let mut total = Duration::ZERO;
+    let mut read_any = false;
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        // A thread that ended since the listing is left out.
+        if let Some(waited) = schedstat_wait(&task.path().join("schedstat")) {
+            total += waited;
+            read_any = true;
+        }
+    }
+    read_any.then_some(total)
+}
+
+/// [`runnable_wait`] of the calling thread alone.
+#[cfg(target_os = "linux")]
+pub fn thread_runnable_wait() -> Option<Duration> {
+    schedstat_wait(std::path::Path::new("/proc/thread-self/schedstat"))
+}
+
+/// The run-queue wait (the second field) of one thread's `schedstat`.
+#[cfg(target_os = "linux")]
+fn schedstat_wait(path: &std::path::Path) -> Option<Duration> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let nanos = text.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+    Some(Duration::from_nanos(nanos))
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn runnable_wait() -> Option<Duration> {
+    None
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn thread_runnable_wait() -> Option<Duration> {
+    None
+}
+
 /// The cores this process may run on (its affinity and quota counted).
 pub(crate) fn available_cores() -> usize {
     std::thread::available_parallelism().map_or(1, |cores| cores.get())
@@ -151,6 +194,39 @@ mod tests {
         // Each thread computed for 50 ms, on whatever cores it got: at
         // least one thread's worth is certain.
         assert!(used >= Duration::from_millis(45), "{used:?}");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn threads_computing_on_fewer_cores_than_they_are_wait_for_one() {
+        use std::sync::Barrier;
+        let before = runnable_wait().expect("scheduler statistics on linux");
+        assert!(thread_runnable_wait().is_some());
+        let threads = super::available_cores() + 2;
+        let done = Barrier::new(threads + 1);
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| {
+                    // 30 ms of this thread's own CPU, however long it takes.
+                    let start = thread_cpu_time();
+                    let mut spins = 0u64;
+                    while thread_cpu_time().saturating_sub(start) < Duration::from_millis(30) {
+                        spins = std::hint::black_box(spins + 1);
+                    }
+                    // Parked alive until the figure is read: an ended
+                    // thread's waits are no longer listed.
+                    done.wait();
+                    done.wait();
+                });
+            }
+            done.wait();
+            let waited = runnable_wait()
+                .expect("scheduler statistics")
+                .saturating_sub(before);
+            done.wait();
+            // More threads computing than cores: some waited for one.
+            assert!(waited > Duration::ZERO, "{waited:?}");
+        });
     }
 
     #[test]

@@ -34,7 +34,7 @@ mod workers;
 
 pub use collate::{Collate, Uncollated};
 pub use controller::{Controller, ControllerConfig, Resize, ResizeReason, Window};
-pub use cpu::thread_cpu_time;
+pub use cpu::{runnable_wait, thread_cpu_time, thread_runnable_wait};
 pub use dispatch::Dispatch;
 pub use error::EngineError;
 pub use lifecycle::Lifecycle;
