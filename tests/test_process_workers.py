@@ -897,7 +897,7 @@ def test_workers_that_run_one_at_a_time_move_after_a_few_samples(
     together that use one core between them, and wait to enter Python, are
     serialised; many threads that sleep use as little, and find it free."""
     clock = _Clock(0.0)
-    monkeypatch.setattr(_worker_method, "time", clock)
+    _use_clock(monkeypatch, clock)
     monkeypatch.setattr(_worker_method, "_cores", lambda: cores)
     method = WorkerMethod("auto")
     method.observe({"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0})
@@ -910,6 +910,27 @@ def test_workers_that_run_one_at_a_time_move_after_a_few_samples(
         assert "one at a time" in method.reason
 
 
+@pytest.mark.parametrize(("runnable", "moves"), [(0.1, True), (0.95, False)])
+def test_threads_that_lack_a_core_are_not_taken_for_threads_the_gil_serialises(
+    monkeypatch: pytest.MonkeyPatch, runnable: float, moves: bool
+) -> None:
+    """Two threads that use one core between them: run one at a time by the
+    GIL where they were blocked (waiting for it), or short of cores where
+    they were runnable, waiting for one (another process takes the other
+    core): processes would get no more of it."""
+    clock = _Clock(0.0)
+    _use_clock(monkeypatch, clock)
+    monkeypatch.setattr(_worker_method, "_cores", lambda: 2)
+    method = WorkerMethod("auto")
+    method.observe({"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0})
+    clock.now = _worker_method.CLEAR_WINDOW_S
+    # `runnable` of the process's threads waited for a core, on average.
+    clock.runnable = runnable * clock.now
+    figures = {"samples_loaded": 36, "busy": 0.06, "gil_wait": 0.0012, "cpu": 0.03}
+    verdict = method.observe(figures)
+    assert (verdict == "move") is moves, method.reason
+
+
 @pytest.mark.parametrize(("process_cores", "kept"), [(0.9, True), (0.5, False)])
 def test_threads_that_keep_the_cores_busy_stay_while_the_loop_waits_for_data(
     monkeypatch: pytest.MonkeyPatch, process_cores: float, kept: bool
@@ -918,7 +939,7 @@ def test_threads_that_keep_the_cores_busy_stay_while_the_loop_waits_for_data(
     however long the loop waits to take the GIL back, a loop that waits for
     data keeps threads (a loop that sets the pace still gets its trial)."""
     clock = _Clock(0.003)  # every probe waits 3 ms to take the GIL back
-    monkeypatch.setattr(_worker_method, "time", clock)
+    _use_clock(monkeypatch, clock)
     monkeypatch.setattr(_worker_method, "_cores", lambda: 2)
     method = WorkerMethod("auto")
     figures = {"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0}
@@ -945,13 +966,61 @@ def test_threads_that_keep_the_cores_busy_stay_while_the_loop_waits_for_data(
     assert verdict == (None if kept else "move")
 
 
-class _Clock:
-    """Stands in for the time module in minato._process.method."""
+def test_threads_waiting_for_a_core_stay_while_the_loop_waits_for_data(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The process keeps only half the cores busy, but its threads waited for
+    a core (other processes take the rest): no core is spare for worker
+    processes to load faster on."""
+    clock = _Clock(0.0)
+    _use_clock(monkeypatch, clock)
+    monkeypatch.setattr(_worker_method, "_cores", lambda: 2)
+    method = WorkerMethod("auto")
+    method.observe({"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0})
+    for batch in range(1, 20):
+        clock.now = batch * 0.02
+        method.batch_received(clock.now, waited=0.018)  # the loop waits for data
+        clock.cpu = 0.5 * 2 * clock.now
+        clock.runnable = 2.0 * clock.now  # two threads waiting for a core
+        method.observe(
+            {
+                "samples_loaded": 16 * batch,
+                "busy": 8 * clock.now,
+                "gil_wait": 0.05 * 8 * clock.now,
+                "cpu": 1.0 * clock.now,
+            }
+        )
+        if method.decided:
+            break
+    assert method.decided and not method.wants_processes
+    assert "waited for a core" in method.reason
 
-    def __init__(self, probe_delay: float) -> None:
+
+def test_the_loops_gil_delay_leaves_out_its_wait_for_a_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each probe takes 3 ms to come back, 2.5 of them runnable without a core.
+    clock = _Clock(0.003, probe_queued=0.0025)
+    _use_clock(monkeypatch, clock)
+    method = WorkerMethod("auto")
+    for _ in range(4):
+        method.probe()
+    assert method.probe_total / method.probes == pytest.approx(0.0005)
+
+
+class _Clock:
+    """Stands in for the time module in minato._process.method, and for the
+    kernel's count of the time threads waited for a core."""
+
+    def __init__(self, probe_delay: float, probe_queued: float = 0.0) -> None:
         self.now = 0.0
         self.probe_delay = probe_delay
+        # Of each probe's delay, the time its thread was runnable, waiting
+        # for a core (not for the GIL).
+        self.probe_queued = probe_queued
         self.cpu = 0.0  # this process's CPU time
+        self.runnable = 0.0  # its threads' time waiting for a core, in all
+        self.thread_runnable = 0.0  # the training loop's thread's
 
     def perf_counter(self) -> float:
         return self.now
@@ -961,6 +1030,13 @@ class _Clock:
 
     def sleep(self, _seconds: float) -> None:
         self.now += self.probe_delay  # the probe's wait to take the GIL back
+        self.thread_runnable += self.probe_queued
+
+
+def _use_clock(monkeypatch: pytest.MonkeyPatch, clock: _Clock) -> None:
+    monkeypatch.setattr(_worker_method, "time", clock)
+    monkeypatch.setattr(_worker_method, "_runnable_wait", lambda: clock.runnable)
+    monkeypatch.setattr(_worker_method, "_thread_runnable_wait", lambda: clock.thread_runnable)
 
 
 def _auto_on_a_clock(
@@ -969,7 +1045,7 @@ def _auto_on_a_clock(
     """An auto WorkerMethod on a clock of the test's, having seen the engine's
     first figures (nothing loaded yet; `figures` adds or replaces some)."""
     clock = _Clock(0.0)
-    monkeypatch.setattr(_worker_method, "time", clock)
+    _use_clock(monkeypatch, clock)
     method = WorkerMethod("auto")
     first = {"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0, **figures}
     method.observe(first)
@@ -994,7 +1070,7 @@ def _loop_bound_run(
     does not say). Each of its requests finds the ready queue `occupancy`
     full (None: the engine does not say)."""
     clock = _Clock(probe_delay)
-    monkeypatch.setattr(_worker_method, "time", clock)
+    _use_clock(monkeypatch, clock)
     method = WorkerMethod("auto")
     figures = {"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "fetch_p50": 0.005}
     if cpu_share is not None:
@@ -1521,7 +1597,7 @@ def test_threads_decided_for_an_earlier_loader_are_judged_again_by_this_loop(
     monkeypatch: pytest.MonkeyPatch, loop_sets_the_pace: bool
 ) -> None:
     clock = _Clock(0.0)
-    monkeypatch.setattr(_worker_method, "time", clock)
+    _use_clock(monkeypatch, clock)
     _worker_method._decided_for[_SomeDataset] = (False, "auto: threads, as measured")
     method = WorkerMethod("auto", _SomeDataset)
     assert not method.decided and "earlier loader" in method.reason

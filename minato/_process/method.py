@@ -108,10 +108,9 @@ SERIAL_MANY = 8
 # at a time by the GIL: they are runnable, waiting for a core, where threads
 # waiting for the GIL are blocked. The sign wants the process's threads to
 # have waited for a core less than this share of the time the workers at
-# work spent off a CPU. Two threads of pure Python on 2 idle cores: 0.10
-# threads waiting for a core against 0.99 off a CPU; 8 of them beside a
-# process spinning on one core, 0.62 against 7.0; 2 PIL threads beside it,
-# 0.95 against 0.9.
+# work spent off a CPU (benchmarks/RESULTS.md, session 2026-11-27 (8), has
+# the readings: pure Python reads well under it, idle or beside a busy
+# core; PIL threads beside a busy core, over it).
 SERIAL_RUNNABLE_SHARE = 0.5
 SERIAL_GIL_SHARE_PER_THREAD = 0.03
 SERIAL_GIL_SHARE_CAP = 0.3
@@ -123,8 +122,8 @@ SERIAL_GIL_SHARE_CAP = 0.3
 CORES_BUSY = 0.8
 # The same where other processes take the cores (a sampler, other ranks'
 # workers): the process's threads were runnable without a core, this many
-# on average (8 PIL threads on 2 cores: 4.7-5.0, idle or beside a spinning
-# process; 8 threads of pure Python: 0.3-0.6).
+# on average (threads that compute on too few cores read several; threads
+# of pure Python, which wait for the GIL, well under one: RESULTS.md).
 NO_SPARE_CORE_RUNNABLE = 1.0
 # A loop that waits this long on average to take the GIL back is slowed by
 # the workers: a GPU training step takes it back after every op it launches,
