@@ -12,6 +12,13 @@
 #   fsspec, tqdm, httpx, hf-xet and their dependencies)
 #
 #   bash benchmarks/gpu_session.sh [tests] [train] [digest] [scaling] [manycore] [neighbour]
+#
+# Wall time of each part on the H200 (session 2026-11-27 (8)), for planning a
+# lease of 15 minutes: tests 26 s, train 145 s (new b c d d+ 68 s, old b d d+
+# 77 s; d= adds about 15 s), manycore 24 s, digest 62 s, scaling 170 s (PIL
+# new 45 s, PIL old 94 s, minato.io new 30 s), neighbour 75 s: all of them
+# about 520 s, in one call of 570 s (the machine's start, a minute or two,
+# is not counted in the call's limit but is in the lease).
 set -u
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp}"
