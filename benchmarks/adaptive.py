@@ -159,6 +159,9 @@ def main() -> None:
     parser.add_argument("--only", choices=list(WORKLOADS), action="append")
     parser.add_argument("--samples", type=int, default=5000)
     parser.add_argument("--plot", default="benchmarks/adaptive.png")
+    parser.add_argument(
+        "--resizes", action="store_true", help="print the adaptive run's resizes, with why"
+    )
     args = parser.parse_args()
     plotted = {}
     print(f"torch {torch.__version__}, {args.samples} samples, batch_size {BATCH}, shuffle=True")
@@ -193,6 +196,12 @@ def main() -> None:
             if stats.gil_share is not None
             else ""
         )
+        if args.resizes:
+            for resize in stats.resizes:
+                print(
+                    f"    {resize.at:6.2f}s -> {resize.workers:3d}  {resize.samples_per_s:7.0f}/s "
+                    f"queue {resize.queue_occupancy or 0:.2f}  {resize.reason}"
+                )
         plotted[name] = (times, counts, stats, best)
     if args.plot and plotted:
         plot(plotted, args.plot)
