@@ -125,6 +125,8 @@ CORES_BUSY = 0.8
 # on average (threads that compute on too few cores read several; threads
 # of pure Python, which wait for the GIL, well under one: RESULTS.md).
 NO_SPARE_CORE_RUNNABLE = 1.0
+# ...read at most this often.
+CORE_CHECK_INTERVAL_S = 0.05
 # A loop that waits this long on average to take the GIL back is slowed by
 # the workers: a GPU training step takes it back after every op it launches,
 # thousands a step, so a fraction of a millisecond each adds up (the trial
@@ -335,6 +337,9 @@ class WorkerMethod:
         self._probe_total = 0.0
         self._probes = 0
         self._next_probe = 0.0
+        # When the no-spare-core rule may next read the threads' run-queue
+        # waits (a file per thread: a fraction of a millisecond with dozens).
+        self._next_core_check = 0.0
         # Every probe taken, for stats().
         self.probe_total = 0.0
         self.probes = 0
@@ -495,7 +500,8 @@ class WorkerMethod:
         if window is None:
             self._window = self._window_of(figures)
             return None
-        elapsed = time.perf_counter() - window.started
+        now = time.perf_counter()
+        elapsed = now - window.started
         paced_for = elapsed - (self._start_up - window.started_up)
         waited_share = (self._waited - window.waited) / paced_for if paced_for > 0 else 1.0
         # Not before the loop has shown its pace: a batch after the first.
@@ -568,7 +574,8 @@ class WorkerMethod:
                 f"auto: the process keeps {cores_busy:.0%} of the cores busy on threads "
                 "while the training loop waits for data: processes would not load faster",
             )
-        if not loop_bound and share < GIL_BOUND_SHARE:
+        if not loop_bound and share < GIL_BOUND_SHARE and now >= self._next_core_check:
+            self._next_core_check = now + CORE_CHECK_INTERVAL_S
             queued = _waiting_for_a_core(window, elapsed)
             if queued is not None and queued >= NO_SPARE_CORE_RUNNABLE:
                 return self._decide(
