@@ -198,10 +198,7 @@ def main() -> None:
         )
         if args.resizes:
             for resize in stats.resizes:
-                print(
-                    f"    {resize.at:6.2f}s -> {resize.workers:3d}  {resize.samples_per_s:7.0f}/s "
-                    f"queue {resize.queue_occupancy or 0:.2f}  {resize.reason}"
-                )
+                print(f"    {resize}")
         plotted[name] = (times, counts, stats, best)
     if args.plot and plotted:
         plot(plotted, args.plot)

@@ -470,11 +470,7 @@ def main() -> None:
         # The adaptive controller's changes, each with why and its window:
         # the pool's path to where it ended.
         for resize in loader_stats.resizes[:24]:
-            print(
-                f"    {resize.at:6.2f}s -> {resize.workers:3d}  {resize.samples_per_s:7.0f}/s "
-                f"queue {resize.queue_occupancy or 0:.2f} on CPU {resize.on_cpu or 0:.2f} "
-                f"process CPU {resize.process_cpu or 0:.2f}  {resize.reason}"
-            )
+            print(f"    {resize}")
     if args.trace and cuda and args.only is None:
         for name in (
             "(c) minato + minato.io, device=cuda",

@@ -52,6 +52,13 @@ class PoolResize(NamedTuple):
     loop_step: float | None
     """The training loop's mean step between batches, in seconds."""
 
+    def __str__(self) -> str:
+        return (
+            f"{self.workers}@{self.at:.2f}s: {self.reason} "
+            f"({self.samples_per_s:.0f} samples/s, queue {_share(self.queue_occupancy)}, "
+            f"workers on a CPU {_share(self.on_cpu)}, process CPU {_share(self.process_cpu)})"
+        )
+
 
 @dataclass(frozen=True)
 class LoaderStats:
@@ -163,7 +170,7 @@ class LoaderStats:
             ("batches", str(self.batches)),
             ("workers", str(self.workers)),
             ("worker history", changes or "-"),
-            ("last resize", _resize(self.resizes[-1]) if self.resizes else "-"),
+            ("last resize", str(self.resizes[-1]) if self.resizes else "-"),
             ("fetch p50 / p90 / p99", " / ".join(map(_ms, fetch))),
             ("fetch time (all workers)", f"{self.fetch_time:.3f}s"),
             ("GIL wait", f"{self.gil_wait:.3f}s ({_share(self.gil_share)} of fetch time)"),
@@ -184,14 +191,6 @@ class LoaderStats:
         width = max(len(name) for name, _ in rows)
         lines = ["minato LoaderStats"] + [f"  {name:<{width}}  {value}" for name, value in rows]
         return "\n".join(lines)
-
-
-def _resize(resize: PoolResize) -> str:
-    return (
-        f"{resize.workers}@{resize.at:.2f}s: {resize.reason} "
-        f"({resize.samples_per_s:.0f} samples/s, queue {_share(resize.queue_occupancy)}, "
-        f"workers on a CPU {_share(resize.on_cpu)}, process CPU {_share(resize.process_cpu)})"
-    )
 
 
 def _ms(seconds: float | None) -> str:

@@ -477,11 +477,10 @@ class WorkerMethod:
         started = time.perf_counter()
         time.sleep(0)
         now = time.perf_counter()
+        queued_after = _thread_runnable_wait()
         delay = now - started
-        if queued is not None:
-            queued_after = _thread_runnable_wait()
-            if queued_after is not None:
-                delay = max(0.0, delay - (queued_after - queued))
+        if queued is not None and queued_after is not None:
+            delay = max(0.0, delay - (queued_after - queued))
         self._next_probe = now + PROBE_INTERVAL_S
         self._probe_total += delay
         self._probes += 1

@@ -257,7 +257,7 @@ pub struct Controller {
     /// Moving average of the process's CPU use: one short window's reading
     /// varies by a tenth.
     cpu: Option<f64>,
-    /// Why the count last changed.
+    /// Why the last call of `observe` changed the count.
     reason: Option<ResizeReason>,
 }
 
@@ -285,13 +285,16 @@ impl Controller {
         self.workers
     }
 
-    /// Why the worker count last changed; None before it did.
+    /// Why the last call of [`Self::observe`] changed the worker count;
+    /// None where it did not (a count the pool was given from elsewhere is
+    /// not the controller's change).
     pub fn reason(&self) -> Option<ResizeReason> {
         self.reason
     }
 
     /// Takes one window's measurements; returns the worker count to use next.
     pub fn observe(&mut self, window: Window) -> usize {
+        self.reason = None;
         self.occupancy = match (self.occupancy, window.occupancy) {
             (Some(average), Some(now)) => Some(0.5 * average + 0.5 * now),
             (average, now) => now.or(average),

@@ -142,6 +142,14 @@ const REPLACE_AFTER_TIMEOUTS: u32 = 4;
 /// Most entries kept in the worker-count history (the oldest go first).
 const MAX_HISTORY: usize = 4096;
 
+/// Appends `entry`, dropping the oldest once `MAX_HISTORY` are kept.
+fn push_bounded<T>(entries: &mut Vec<T>, entry: T) {
+    if entries.len() == MAX_HISTORY {
+        entries.remove(0);
+    }
+    entries.push(entry);
+}
+
 /// Worker bookkeeping, behind one lock: it changes once or twice per task.
 struct PoolState {
     /// Threads running their loop.
@@ -492,20 +500,15 @@ impl<W: WorkerHooks> Pool<W> {
         if target != state.target {
             state.target = target;
             let at = self.shared.started.elapsed();
-            if state.history.len() == MAX_HISTORY {
-                state.history.remove(0);
-            }
-            state.history.push((at, target));
+            push_bounded(&mut state.history, (at, target));
             if let Some((reason, window)) = why {
-                if state.resizes.len() == MAX_HISTORY {
-                    state.resizes.remove(0);
-                }
-                state.resizes.push(Resize {
+                let resize = Resize {
                     at,
                     workers: target,
                     reason,
                     window,
-                });
+                };
+                push_bounded(&mut state.resizes, resize);
             }
         }
         self.start_wanted(&mut state, tasks);
