@@ -544,6 +544,86 @@ def test_the_fork_server_goes_once_auto_keeps_threads_for_every_loader(tmp_path:
     assert lines[2:] == ["running False", "again True"], run.stdout
 
 
+def test_the_fork_server_goes_once_a_trial_back_to_threads_has_ended_its_processes(
+    tmp_path: Path,
+) -> None:
+    # Auto's measurements are replaced: a move at the first look, and a
+    # trial judged slower once worker processes have run tasks. The loader
+    # is back on threads for good; its processes exit as its threads take
+    # their next tasks, and the fork server, kept while they live (it is
+    # their parent), goes after them, leaving no child of its own behind.
+    script = textwrap.dedent("""
+        import os, time
+        import minato
+        from minato._process import method, workers
+
+        class Sleeps:
+            def __len__(self):
+                return 400
+
+            def __getitem__(self, index):
+                time.sleep(0.001)
+                return index
+
+        def observe(self, figures, can_trial=True):
+            if self.decided:
+                return None
+            self._decide(True, "auto: moved by the test")
+            return "move"
+
+        received = method.WorkerMethod.batch_received
+        on_processes = []
+
+        def batch_received(self, now, waited=0.0):
+            pids = [p.pid for w in list(workers._live) for p in list(w._processes)]
+            if self.processes and pids:
+                on_processes.append(pids)
+                if len(on_processes) == 5:
+                    self.processes = self.wants_processes = False
+                    self.left_processes = True
+                    self.reason = "auto: threads, sent back by the test"
+                    return "revert"
+            return received(self, now, waited)
+
+        method.WorkerMethod.observe = observe
+        method.WorkerMethod.ready_for_processes = lambda self: True
+        method.WorkerMethod.batch_received = batch_received
+
+        loader = minato.DataLoader(Sleeps(), batch_size=8, num_workers=2, persistent_workers=True)
+        server = None
+        for epoch in range(100):
+            assert sorted(int(i) for batch in loader for i in batch) == list(range(400))
+            if workers._the_zygote is not None:
+                server = workers._the_zygote.process.pid
+            if len(on_processes) >= 5 and not workers._zygote_running():
+                break
+        print("reason", loader.stats().worker_method_reason)
+        print("ran on processes", len(on_processes) >= 5)
+        print("server running", workers._zygote_running())
+        pids = {pid for seen in on_processes for pid in seen}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(
+            os.path.exists(f"/proc/{pid}") for pid in pids | {server}
+        ):
+            time.sleep(0.05)
+        print("left", sorted(pid for pid in pids | {server} if os.path.exists(f"/proc/{pid}")))
+        """)
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,  # the installed minato, not the checkout's sources
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [
+        "reason auto: threads, sent back by the test",
+        "ran on processes True",
+        "server running False",
+        "left []",
+    ], run.stdout
+
+
 def test_the_option_forces_either_way() -> None:
     threads = minato.DataLoader(PurePython(), batch_size=8, num_workers=2, worker_method="thread")
     assert indices(threads) == list(range(4000))

@@ -74,6 +74,9 @@ GIL_CHECK_INTERVAL_S = 1.0
 # shows itself within the first batches, each one more on threads at half
 # speed.
 METHOD_CHECK_INTERVAL_S = 0.01
+# How often a loader back on threads after auto's trial asks whether the
+# fork server can go (its worker processes exit as the threads take tasks).
+SERVER_RELEASE_CHECK_INTERVAL_S = 0.5
 # After a move to processes, the memory the worker threads freed is given
 # back this long after (their last tasks done meanwhile).
 TRIM_AFTER_MOVE_S = 0.2
@@ -584,6 +587,10 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
                 warm_up(processes.modules())
             return
         if method.decided:
+            if method.left_processes and now >= self._next_method_check:
+                self._next_method_check = now + SERVER_RELEASE_CHECK_INTERVAL_S
+                if release_fork_server():
+                    method.left_processes = False
             return
         if method.wants_probe(now):
             method.probe()

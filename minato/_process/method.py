@@ -332,6 +332,9 @@ class WorkerMethod:
             else:
                 self._threads_inherited = True
         self._window: _Window | None = None
+        # Back on threads after a trial: the fork server goes once the
+        # trial's worker processes have exited (minato._loader.iterator).
+        self.left_processes = False
         _methods.add(self)
         self._worth_probing = False
         self._probe_total = 0.0
@@ -423,6 +426,7 @@ class WorkerMethod:
             self._remember()
             return None
         self.processes = self.wants_processes = False
+        self.left_processes = True
         self.reason = (
             f"auto: threads, the training loop ran {threads:.1f} batches/s on them "
             f"against {processes:.1f} on processes ({self._heuristic})"

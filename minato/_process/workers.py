@@ -529,26 +529,45 @@ def stop_all() -> None:
     _stop_fork_server()
 
 
-def release_fork_server() -> None:
+def release_fork_server() -> bool:
     """Stops the fork server once no live loader may use worker processes
     (auto decided threads for every one): forked from this process, it
     comes to hold its own copy of every page this process writes after the
     fork (at 8 PIL workers on threads its PSS read 244 MB at the epoch's
     end: benchmarks/RESULTS.md). A later loader that may use processes
     starts it again. Not while a worker process it forked lives (a loader
-    whose trial went back to threads stops its own as its workers go on):
-    while the server is their parent, the kernel reaps them as they exit
-    (it ignores SIGCHLD); orphaned, they would be left to this machine's
-    init."""
+    whose trial went back to threads stops its own as its workers go on,
+    and asks again, see `_ThreadDataLoaderIter`): while the server is their
+    parent, the kernel reaps them as they exit (it ignores SIGCHLD);
+    orphaned, they would be left to this machine's init. Returns whether
+    this process has no fork server left."""
     if WorkerMethod.any_may_use_processes():
-        return
+        return False
     processes_live = True
     with contextlib.suppress(RuntimeError):  # a set changed while read: keep it
         processes_live = any(len(workers._processes) for workers in list(_live))
-    if not processes_live:
-        # Killed: on the training loop's thread, it must not wait for an
-        # import the server may be in.
-        _stop_fork_server(kill=True)
+    if processes_live or _server_has_children():
+        return False
+    # Killed: on the training loop's thread, it must not wait for an
+    # import the server may be in.
+    _stop_fork_server(kill=True)
+    return True
+
+
+def _server_has_children() -> bool:
+    """Whether this process's fork server still has a child: a worker
+    process stopped (its connection ended) may take a moment to exit.
+    Where Linux does not list children, the loaders' live processes alone
+    decide."""
+    zygote = _the_zygote
+    if zygote is None or zygote.pid != os.getpid():
+        return False
+    server = zygote.process.pid
+    try:
+        with open(f"/proc/{server}/task/{server}/children") as children:
+            return bool(children.read().split())
+    except OSError:
+        return False
 
 
 def _stop_fork_server(kill: bool = False) -> None:
