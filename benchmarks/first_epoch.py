@@ -4,7 +4,13 @@ gpu_train's PIL pipeline over generated 300-900 px JPEGs held in memory (the
 dataset's pickle is large, as a dataset that holds its data is), 2 workers
 (or each count of ``--workers``), batch 16, shuffled, one epoch, and the
 peak PSS of the process tree (the fork server and its workers included)
-over what the process held before the loader was built. Each system runs in a fresh interpreter of
+over what the process held before the loader was built; and beside it the
+same with every shared-memory segment counted: PSS counts shared memory
+only where a process maps it, and torch's batches in flight are
+shared-memory files passed by descriptor, unmapped while they wait in its
+queue, where minato's arenas and slot rings stay mapped. That figure is the
+tree's anonymous and file PSS plus the machine's ``Shmem`` (/proc/meminfo)
+over its base: a quiet machine's. Each system runs in a fresh interpreter of
 its own (what a training script's first epoch pays: forks, the fork server,
 the dataset sent to each worker), in turn, repeated:
 
@@ -62,7 +68,7 @@ def run_one(kind: str, method: str | None, images: int, workers: int, interval: 
         text=True,
     )
     assert sampler.stdout is not None and sampler.stdin is not None
-    base = float(sampler.stdout.readline())
+    base, base_all = map(float, sampler.stdout.readline().split())
     started = time.perf_counter()
     loader = loader_class(
         PilImages(data), batch_size=16, shuffle=True, num_workers=workers, **options
@@ -75,12 +81,12 @@ def run_one(kind: str, method: str | None, images: int, workers: int, interval: 
         pass
     ended = time.perf_counter()
     sampler.stdin.close()
-    peak = float(sampler.stdout.readline())
+    peak, peak_all = map(float, sampler.stdout.readline().split())
     sampler.wait()
     how = loader.stats().worker_method if isinstance(loader, minato.DataLoader) else ""
     print(
         f"{(built - started) * 1e3:.1f} {first - built:.3f} {images / (ended - built):.1f} "
-        f"{peak - base:.0f} {how}"
+        f"{peak - base:.0f} {peak_all - base_all:.0f} {how}"
     )
     if isinstance(loader, minato.DataLoader):
         print(loader.stats().worker_method_reason)
@@ -88,19 +94,36 @@ def run_one(kind: str, method: str | None, images: int, workers: int, interval: 
 
 def sample_pss(root: int, interval: float) -> None:
     """Prints the PSS of `root`'s process tree (this process left out) now,
-    then its peak once standard input closes."""
+    and the same with all shared memory counted (see the module's note),
+    then their peaks once standard input closes."""
     sys.path.insert(0, HERE)
-    from processes import _pss_mb, _tree
+    from processes import _tree
 
-    def tree_pss() -> float:
-        return _pss_mb([pid for pid in _tree(root) if pid != os.getpid()])
+    def tree_pss() -> tuple[float, float]:
+        pss = unshared = 0
+        for pid in _tree(root):
+            if pid == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{pid}/smaps_rollup") as rollup:
+                    for line in rollup:
+                        if line.startswith("Pss:"):
+                            pss += int(line.split()[1])
+                        elif line.startswith(("Pss_Anon:", "Pss_File:")):
+                            unshared += int(line.split()[1])
+            except OSError:
+                continue  # gone meanwhile
+        with open("/proc/meminfo") as meminfo:
+            shmem = next(int(line.split()[1]) for line in meminfo if line.startswith("Shmem:"))
+        return pss / 1024, (unshared + shmem) / 1024
 
-    peak = tree_pss()
-    print(peak, flush=True)
+    peak, peak_all = tree_pss()
+    print(peak, peak_all, flush=True)
     while interval > 0 and not select.select([sys.stdin], [], [], interval)[0]:
-        peak = max(peak, tree_pss())
+        now, now_all = tree_pss()
+        peak, peak_all = max(peak, now), max(peak_all, now_all)
     sys.stdin.read()
-    print(peak, flush=True)
+    print(peak, peak_all, flush=True)
 
 
 def main() -> None:
@@ -129,7 +152,7 @@ def main() -> None:
     )
     print(
         f"  {'system':40s} {'workers':>7s} {'construct':>10s} {'first batch':>12s} "
-        f"{'epoch':>10s} {'peak PSS':>10s}"
+        f"{'epoch':>10s} {'peak PSS':>10s} {'+ all shm':>12s}"
     )
     for _ in range(args.repeats):
         for workers in args.workers:
@@ -159,11 +182,11 @@ def main() -> None:
                 reason = out[1] if len(out) > 1 else ""
                 out = out[0].split()
                 construct, first, rate = float(out[0]), float(out[1]), float(out[2])
-                pss = float(out[3])
-                how = f"  ({out[4]})" if len(out) > 4 else ""
+                pss, pss_all = float(out[3]), float(out[4])
+                how = f"  ({out[5]})" if len(out) > 5 else ""
                 print(
                     f"  {name:40s} {workers:7d} {construct:7.1f} ms {first:9.2f} s {rate:6.0f}/s "
-                    f"{pss:+7.0f} MB{how}",
+                    f"{pss:+7.0f} MB {pss_all:+9.0f} MB{how}",
                     flush=True,
                 )
                 if method == "auto":

@@ -5,13 +5,20 @@ epoch of manycore.py's sleeping samples (16 workers x 3 ms, batch 64, 12,000
 samples), over the tree's PSS before the loader starts. For minato, the
 batch arenas lent and kept free at batch 150 (rust/wire/arena_pool.rs).
 
+PSS counts shared memory only where a process maps it. torch's batches in
+flight are shared-memory files passed between processes by descriptor, not
+mapped while they wait in its queue, so PSS leaves them out, where minato's
+arenas are mapped and counted. The second figure counts every one: the
+tree's PSS of anonymous and file pages, plus the machine's shared memory
+(/proc/meminfo ``Shmem``) over its base (a quiet machine: other processes'
+shared memory would count too).
+
     python benchmarks/tree_memory.py {torch|minato}
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -25,41 +32,65 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from manycore import Sleeping  # noqa: E402
 
 
-def tree_pss_mib(root: int) -> float:
-    """The PSS of `root` and every process below it, in MiB."""
-    table = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True)
+def tree_pss_mib(root: int) -> tuple[float, float]:
+    """The PSS of `root` and every process below it, in MiB: all of it, and
+    its anonymous and file pages only (shared memory left out)."""
+    # Read from /proc, not from a `ps` child: a process started from the
+    # sampling thread while torch forks its workers read nothing for them.
     children: dict[int, list[int]] = {}
-    for line in table.stdout.splitlines():
-        fields = line.split()
-        if len(fields) == 2:
-            children.setdefault(int(fields[1]), []).append(int(fields[0]))
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(entry))
     tree, stack = set(), [root]
     while stack:
         pid = stack.pop()
         if pid not in tree:
             tree.add(pid)
             stack.extend(children.get(pid, []))
-    total_kib = 0
+    total_kib = unshared_kib = 0
     for pid in tree:
         try:
             with open(f"/proc/{pid}/smaps_rollup") as rollup:
                 for line in rollup:
                     if line.startswith("Pss:"):
                         total_kib += int(line.split()[1])
+                    elif line.startswith(("Pss_Anon:", "Pss_File:")):
+                        unshared_kib += int(line.split()[1])
         except OSError:
             pass  # gone meanwhile
-    return total_kib / 1024
+    return total_kib / 1024, unshared_kib / 1024
+
+
+def machine_shmem_mib() -> float:
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("Shmem:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def measure(root: int) -> tuple[float, float]:
+    """(the tree's PSS, its anonymous and file PSS plus the machine's shared memory)."""
+    pss, unshared = tree_pss_mib(root)
+    return pss, unshared + machine_shmem_mib()
 
 
 def main() -> None:
     warnings.filterwarnings("ignore")
     kind = sys.argv[1] if len(sys.argv) > 1 else "minato"
-    base = tree_pss_mib(os.getpid())
-    peak, done = [0.0], threading.Event()
+    base = measure(os.getpid())
+    peak, done = [0.0, 0.0], threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], tree_pss_mib(os.getpid()))
+            now = measure(os.getpid())
+            peak[:] = [max(peak[0], now[0]), max(peak[1], now[1])]
             time.sleep(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -81,7 +112,10 @@ def main() -> None:
                 arenas = f", arenas lent {pool.lent_arenas}, kept free {pool.free_arenas}"
     done.set()
     sampler.join()
-    print(f"{kind}: peak PSS of the process tree over its base {peak[0] - base:.0f} MiB{arenas}")
+    print(
+        f"{kind}: peak PSS of the process tree over its base {peak[0] - base[0]:.0f} MiB; "
+        f"with all shared memory {peak[1] - base[1]:.0f} MiB{arenas}"
+    )
 
 
 if __name__ == "__main__":
