@@ -97,25 +97,10 @@ def sample_pss(root: int, interval: float) -> None:
     and the same with all shared memory counted (see the module's note),
     then their peaks once standard input closes."""
     sys.path.insert(0, HERE)
-    from processes import _tree
+    from tree_memory import measure
 
     def tree_pss() -> tuple[float, float]:
-        pss = unshared = 0
-        for pid in _tree(root):
-            if pid == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{pid}/smaps_rollup") as rollup:
-                    for line in rollup:
-                        if line.startswith("Pss:"):
-                            pss += int(line.split()[1])
-                        elif line.startswith(("Pss_Anon:", "Pss_File:")):
-                            unshared += int(line.split()[1])
-            except OSError:
-                continue  # gone meanwhile
-        with open("/proc/meminfo") as meminfo:
-            shmem = next(int(line.split()[1]) for line in meminfo if line.startswith("Shmem:"))
-        return pss / 1024, (unshared + shmem) / 1024
+        return measure(root, leave_out=os.getpid())
 
     peak, peak_all = tree_pss()
     print(peak, peak_all, flush=True)

@@ -24,17 +24,11 @@ import threading
 import time
 import warnings
 
-import torch.utils.data as tud
 
-import minato
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from manycore import Sleeping  # noqa: E402
-
-
-def tree_pss_mib(root: int) -> tuple[float, float]:
-    """The PSS of `root` and every process below it, in MiB: all of it, and
-    its anonymous and file pages only (shared memory left out)."""
+def tree_pss_mib(root: int, leave_out: int | None = None) -> tuple[float, float]:
+    """The PSS of `root` and every process below it (but `leave_out`), in
+    MiB: all of it, and its anonymous and file pages only (shared memory
+    left out)."""
     # Read from /proc, not from a `ps` child: a process started from the
     # sampling thread while torch forks its workers read nothing for them.
     children: dict[int, list[int]] = {}
@@ -54,7 +48,7 @@ def tree_pss_mib(root: int) -> tuple[float, float]:
             tree.add(pid)
             stack.extend(children.get(pid, []))
     total_kib = unshared_kib = 0
-    for pid in tree:
+    for pid in tree - {leave_out}:
         try:
             with open(f"/proc/{pid}/smaps_rollup") as rollup:
                 for line in rollup:
@@ -75,13 +69,22 @@ def machine_shmem_mib() -> float:
     return 0.0
 
 
-def measure(root: int) -> tuple[float, float]:
+def measure(root: int, leave_out: int | None = None) -> tuple[float, float]:
     """(the tree's PSS, its anonymous and file PSS plus the machine's shared memory)."""
-    pss, unshared = tree_pss_mib(root)
+    pss, unshared = tree_pss_mib(root, leave_out)
     return pss, unshared + machine_shmem_mib()
 
 
 def main() -> None:
+    # Imported here: first_epoch.py's sampling process reads the tree with
+    # `measure` alone.
+    import torch.utils.data as tud
+
+    import minato
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from manycore import Sleeping
+
     warnings.filterwarnings("ignore")
     kind = sys.argv[1] if len(sys.argv) > 1 else "minato"
     base = measure(os.getpid())

@@ -499,6 +499,20 @@ def test_auto_keeps_threads_where_the_work_releases_the_gil() -> None:
     assert wait_until(lambda: not workers_of_this_process())
 
 
+def _run_script(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Runs `script` in a fresh interpreter (no other test's loader holds the
+    fork server there) and checks that it succeeded."""
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,  # the installed minato, not the checkout's sources
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    return run
+
+
 def test_the_fork_server_goes_once_auto_keeps_threads_for_every_loader(tmp_path: Path) -> None:
     # Forked at construction, it comes to hold a copy of every page the
     # training process writes: kept only while a loader may still move. A
@@ -530,14 +544,7 @@ def test_the_fork_server_goes_once_auto_keeps_threads_for_every_loader(tmp_path:
         assert sorted(int(i) for batch in forced for i in batch) == list(range(16))
         print("again", workers._zygote_running())
         """)
-    run = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=tmp_path,  # the installed minato, not the checkout's sources
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr
+    run = _run_script(script, tmp_path)
     lines = run.stdout.splitlines()
     assert lines[0] == "started True", run.stdout
     assert lines[1].startswith("kept thread auto: "), run.stdout
@@ -608,14 +615,7 @@ def test_the_fork_server_goes_once_a_trial_back_to_threads_has_ended_its_process
             time.sleep(0.05)
         print("left", sorted(pid for pid in pids | {server} if os.path.exists(f"/proc/{pid}")))
         """)
-    run = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=tmp_path,  # the installed minato, not the checkout's sources
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr
+    run = _run_script(script, tmp_path)
     assert run.stdout.splitlines() == [
         "reason auto: threads, sent back by the test",
         "ran on processes True",
