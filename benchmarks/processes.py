@@ -31,13 +31,15 @@ import sys
 import threading
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.utils.data as tud
 
 import minato
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tree_memory import process_tree, pss_mib  # noqa: E402
 
 BATCH_SIZE = 16
 
@@ -147,38 +149,6 @@ def cold_first_batch_seconds(workers: int) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def _tree(root: int) -> list[int]:
-    """`root` and every process descended from it, or started by its fork server."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
-def _pss_mb(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1])
-        except OSError:
-            continue
-    return total / 1024
-
-
 def peak_tree_pss_mb(system: str, workers: int) -> tuple[float, float]:
     """Peak PSS of this process and its descendants while an epoch runs,
     and the epoch's seconds (its workers' start included)."""
@@ -190,11 +160,11 @@ def peak_tree_pss_mb(system: str, workers: int) -> tuple[float, float]:
     def sample() -> None:
         nonlocal peak
         while running:
-            pids = _tree(os.getpid())
+            pids = process_tree(os.getpid())
             zygote = getattr(minato._process.workers, "_the_zygote", None)
             if zygote is not None:
-                pids = sorted(set(pids) | set(_tree(zygote.process.pid)))
-            peak = max(peak, _pss_mb(pids))
+                pids = sorted(set(pids) | set(process_tree(zygote.process.pid)))
+            peak = max(peak, pss_mib(pids)[0])
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample)

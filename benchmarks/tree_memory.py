@@ -25,30 +25,33 @@ import time
 import warnings
 
 
-def tree_pss_mib(root: int, leave_out: int | None = None) -> tuple[float, float]:
-    """The PSS of `root` and every process below it (but `leave_out`), in
-    MiB: all of it, and its anonymous and file pages only (shared memory
-    left out)."""
-    # Read from /proc, not from a `ps` child: a process started from the
-    # sampling thread while torch forks its workers read nothing for them.
+def process_tree(root: int) -> list[int]:
+    """`root` and every process descended from it, read from /proc (not from
+    a `ps` child: one started from a sampling thread while torch forked its
+    workers read nothing for them)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as stat:
-                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
-        children.setdefault(ppid, []).append(int(entry))
-    tree, stack = set(), [root]
-    while stack:
-        pid = stack.pop()
-        if pid not in tree:
-            tree.add(pid)
-            stack.extend(children.get(pid, []))
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def pss_mib(pids: list[int]) -> tuple[float, float]:
+    """The PSS of `pids` together, in MiB: all of it, and their anonymous
+    and file pages only (shared memory left out)."""
     total_kib = unshared_kib = 0
-    for pid in tree - {leave_out}:
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/smaps_rollup") as rollup:
                 for line in rollup:
@@ -71,7 +74,7 @@ def machine_shmem_mib() -> float:
 
 def measure(root: int, leave_out: int | None = None) -> tuple[float, float]:
     """(the tree's PSS, its anonymous and file PSS plus the machine's shared memory)."""
-    pss, unshared = tree_pss_mib(root, leave_out)
+    pss, unshared = pss_mib([pid for pid in process_tree(root) if pid != leave_out])
     return pss, unshared + machine_shmem_mib()
 
 
