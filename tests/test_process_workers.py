@@ -586,9 +586,7 @@ def test_the_fork_server_goes_once_a_trial_back_to_threads_has_ended_its_process
             if self.processes and pids:
                 on_processes.append(pids)
                 if len(on_processes) == 5:
-                    self.processes = self.wants_processes = False
-                    self.left_processes = True
-                    self.reason = "auto: threads, sent back by the test"
+                    self._back_to_threads("auto: threads, sent back by the test")
                     return "revert"
             return received(self, now, waited)
 

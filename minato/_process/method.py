@@ -425,15 +425,20 @@ class WorkerMethod:
             logger.info("minato: keeping worker processes (%s)", self.reason)
             self._remember()
             return None
-        self.processes = self.wants_processes = False
-        self.left_processes = True
-        self.reason = (
+        self._back_to_threads(
             f"auto: threads, the training loop ran {threads:.1f} batches/s on them "
             f"against {processes:.1f} on processes ({self._heuristic})"
         )
+        return "revert"
+
+    def _back_to_threads(self, reason: str) -> None:
+        """The trial found processes slower: threads for good, and the fork
+        server to go once the trial's processes have exited."""
+        self.processes = self.wants_processes = False
+        self.left_processes = True
+        self.reason = reason
         logger.info("minato: back to worker threads (%s)", self.reason)
         self._remember()
-        return "revert"
 
     def _remember(self) -> None:
         if self._kind is not None and not self._inherited:
