@@ -18,6 +18,7 @@ from torch.utils.data import default_collate
 
 import minato
 from minato._loader import collate_stage as _collate_stage
+from minato._loader import iterator as _iterator
 
 pytestmark = pytest.mark.usefixtures("no_leaked_threads")
 
@@ -179,47 +180,64 @@ def test_a_costly_collate_stays_off_the_consumers_thread() -> None:
     assert threads.count(threading.get_ident()) <= 8
 
 
-def _thread_names_collating(collate_fn) -> set[str]:
+def _thread_names_collating(collate_fn, **options) -> set[str]:
     """The names of the OS threads that ran `collate_fn` (wrapped to record
-    them) over a shuffled epoch of costly batches."""
+    them) over a shuffled epoch of costly batches; the loader's collate
+    where `collate_fn` is None (minato's own, wrapped where it is made)."""
     native: list[int] = []
 
-    def costly(samples):
-        native.append(threading.get_native_id())
-        _spend_a_millisecond_of_cpu()
-        return collate_fn(samples)
+    def recording(collate):
+        def costly(samples):
+            native.append(threading.get_native_id())
+            _spend_a_millisecond_of_cpu()
+            return collate(samples)
 
-    costly.draws_no_random = getattr(collate_fn, "draws_no_random", False)
+        for mark in ("draws_no_random", "takes_slot_leaves"):
+            if hasattr(collate, mark):
+                setattr(costly, mark, getattr(collate, mark))
+        return costly
+
     names: set[str] = set()
-    # On threads for good: a loader that may move to worker processes gets
-    # a user's collate_fn its samples from them still pickled, to be made
-    # on its collate thread.
-    loader = minato.DataLoader(
-        RangeDataset(256),
-        batch_size=8,
-        shuffle=True,
-        num_workers=2,
-        collate_fn=costly,
-        worker_method="thread",
-        # No sample is ever late: a batch moved on past a late one is taken
-        # (and collated) by the collate thread, whose timer moved it.
-        sample_timeout=None,
-    )
-    values = []
-    for batch in loader:
-        values.extend(int(v) for v in batch)
-        # Read while the loader's threads live: a thread's name goes with it.
-        for tid in set(native):
-            try:
-                with open(f"/proc/self/task/{tid}/comm") as comm:
-                    names.add(comm.read().strip())
-            except (FileNotFoundError, ProcessLookupError):
-                # The thread ended between the open and the read (a replaced
-                # or retired worker): its name went with it.
-                pass
-        native.clear()
+    # On threads for good unless told otherwise: a loader that may move to
+    # worker processes gets a user's collate_fn its samples from them still
+    # pickled, to be made on its collate thread.
+    options = {"worker_method": "thread", **options}
+    with pytest.MonkeyPatch.context() as patch:
+        if collate_fn is None:
+            made = _iterator.fast_default_collate
+            patch.setattr(_iterator, "fast_default_collate", lambda pin: recording(made(pin)))
+        loader = minato.DataLoader(
+            RangeDataset(256),
+            batch_size=8,
+            shuffle=True,
+            num_workers=2,
+            collate_fn=None if collate_fn is None else recording(collate_fn),
+            # No sample is ever late: a batch moved on past a late one is taken
+            # (and collated) by the collate thread, whose timer moved it.
+            sample_timeout=None,
+            **options,
+        )
+        values = []
+        for batch in loader:
+            values.extend(int(v) for v in batch)
+            # Read while the loader's threads live: a thread's name goes with it.
+            for tid in set(native):
+                try:
+                    with open(f"/proc/self/task/{tid}/comm") as comm:
+                        names.add(comm.read().strip())
+                except (FileNotFoundError, ProcessLookupError):
+                    # The thread ended between the open and the read (a replaced
+                    # or retired worker): its name went with it.
+                    pass
+            native.clear()
     assert sorted(values) == list(range(256))
     return names
+
+
+def _without_this_thread(names: set[str]) -> set[str]:
+    # (The first batch may go to the consumer, which waits for it anyway.)
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm") as comm:
+        return names - {comm.read().strip()}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for thread names")
@@ -227,14 +245,42 @@ def test_a_collate_that_draws_no_random_numbers_runs_on_the_workers_completing_b
     # As torch's workers each collate their batch: one collate thread among
     # many workers gets a core as seldom as any of them. Which worker collates
     # changes nothing it computes, for a collate that draws no random numbers.
-    names = _thread_names_collating(marked_no_random(lambda samples: default_collate(samples)))
-    # (The first batch goes to the consumer, which waits for it anyway.)
-    with open(f"/proc/self/task/{threading.get_native_id()}/comm") as comm:
-        names.discard(comm.read().strip())
+    names = _without_this_thread(
+        _thread_names_collating(marked_no_random(lambda samples: default_collate(samples)))
+    )
     assert names and all(name.startswith("minato-worker") for name in names), names
     # A user's collate_fn may draw from the generators it would have in a
     # worker process: the collate thread's, the same whichever batch it is.
     assert _thread_names_collating(lambda samples: default_collate(samples)) == {"minato-collate"}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for thread names")
+@pytest.mark.parametrize(
+    "options",
+    [{"worker_method": "auto"}, {"pin_memory": True}],
+    ids=["defaults-on-threads", "pinned-threads"],
+)
+def test_minatos_own_collate_runs_on_the_workers_completing_batches_on_threads(
+    monkeypatch, options
+) -> None:
+    # The defaults' collate (minato's, which can also stack samples from
+    # worker processes) and a pinning one: on threads, the workers share the
+    # collates, as torch's do, instead of one collate thread among them that
+    # got a core as seldom as any (benchmarks/RESULTS.md).
+    if options.get("pin_memory"):
+        monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+        monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: None)
+        monkeypatch.setattr(_collate_stage, "pinned", lambda batch, device: batch)
+    names = _without_this_thread(_thread_names_collating(None, **options))
+    assert names and all(name.startswith("minato-worker") for name in names), names
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for thread names")
+def test_minatos_own_collate_keeps_the_collate_thread_on_worker_processes() -> None:
+    # From worker processes it stacks samples from their slots, the GIL
+    # released: taking it back among many worker threads slowed them.
+    names = _thread_names_collating(None, worker_method="multiprocessing")
+    assert _without_this_thread(names) == {"minato-collate"}, names
 
 
 def _intra_op_threads_after_epochs(loader_type, **options) -> list[int]:

@@ -2,11 +2,12 @@
 
 torch's ``default_collate`` stacks samples into a new tensor, and its
 pin-memory thread then copies that batch into page-locked memory: two
-copies on the host. Here each batch tensor is allocated once — page-locked
-when the batch is going to a GPU — and the samples are copied into it by
-Rust threads with the GIL released. Everything that is not a tensor or
-numpy array of one shape and dtype goes through torch's own code, so results
-(types, dtypes, nesting, errors) are exactly ``default_collate``'s.
+copies on the host. Here a batch going to a GPU has each tensor allocated
+once, page-locked, and the samples are copied into it by Rust threads with
+the GIL released. Unpinned, tensors and arrays are stacked by torch's own
+code, as fast. Everything that is not a tensor or numpy array of one shape
+and dtype goes through torch's own code, so results (types, dtypes,
+nesting, errors) are exactly ``default_collate``'s.
 
 From worker processes, a sample's large tensors and arrays arrive as
 ``SlotLeaf``s, their bytes still in the process's ring (rust/wire/slots.rs)
@@ -104,6 +105,16 @@ def _ndarray_fn(pin: bool) -> Callable[..., Any]:
     return collate_arrays
 
 
+def _with_values(torch_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's collate function for a leaf type, for a batch that may mix in
+    slot leaves (a sample that found its ring full came as a tensor)."""
+
+    def collate_values(batch: Sequence[Any], *, collate_fn_map: Any = None) -> Any:
+        return torch_fn(_values(batch), collate_fn_map=collate_fn_map)
+
+    return collate_values
+
+
 def _values(batch: Sequence[Any]) -> list[Any]:
     """`batch` with any SlotLeaf made the tensor or array it was."""
     return [slot_value(item) if type(item) is SlotLeaf else item for item in batch]
@@ -147,8 +158,16 @@ def fast_default_collate(pin: bool) -> Callable[[list[Any]], Any]:
     """``default_collate``, with tensor and array leaves stacked in Rust (into
     page-locked memory when ``pin``)."""
     collate_fn_map = dict(_collate.default_collate_fn_map)
-    collate_fn_map[torch.Tensor] = _tensor_fn(pin)
-    collate_fn_map[np.ndarray] = _ndarray_fn(pin)
+    if pin:
+        collate_fn_map[torch.Tensor] = _tensor_fn(pin)
+        collate_fn_map[np.ndarray] = _ndarray_fn(pin)
+    else:
+        # Unpinned, torch's own stack of tensors and arrays is as fast
+        # (benchmarks/collate.py), and on many worker threads collating at
+        # once it ran 1.5x faster (benchmarks/RESULTS.md): only the slot
+        # leaves of samples from worker processes take the Rust path.
+        collate_fn_map[torch.Tensor] = _with_values(_collate.default_collate_fn_map[torch.Tensor])
+        collate_fn_map[np.ndarray] = _with_values(_collate.default_collate_fn_map[np.ndarray])
     collate_fn_map[SlotLeaf] = _slot_leaf_fn(pin)
 
     def collate(batch: list[Any]) -> Any:

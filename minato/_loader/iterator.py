@@ -737,7 +737,9 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
                 self._processes.arenas = ArenaPool(batch_size)
         # A user's collate_fn gets samples from worker processes still
         # pickled, to be made on the thread that collates them.
-        opens_samples = self._processes is not None and not self._processes.keep_leaves
+        opens_samples = self._opens_samples = (
+            self._processes is not None and not self._processes.keep_leaves
+        )
         return SampleEngine(
             worker_factory(spec, samples=True, processes=self._processes),
             sample_collator(
@@ -760,19 +762,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
                 if not self._pin_memory and draws_no_random(self._collate_fn)
                 else None
             ),
-            # A collate that draws no random numbers computes the same on
-            # any thread: the worker completing a batch collates it, as torch's
-            # workers do, where one collate thread would get a core as seldom
-            # as any of many workers. A user's collate_fn keeps the collate
-            # thread (its generators; samples from processes opened there),
-            # and so does minato's fast collate (the default's where workers
-            # may be processes): it copies a batch with the GIL released, and
-            # taking it back among 32 workers slowed them (benchmarks/RESULTS.md).
-            collate_anywhere=(
-                draws_no_random(self._collate_fn)
-                and not opens_samples
-                and not getattr(self._collate_fn, "takes_slot_leaves", False)
-            ),
+            collate_anywhere=self._collates_anywhere(self._method.processes),
             skipped_type=Skipped,
             error_type=ExceptionWrapper,
             # in_order=None: the sampler's order, but for a sample that runs
@@ -802,6 +792,30 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         super()._on_processes()
         if isinstance(self._engine, SampleEngine):
             self._engine.set_task_costs(PROCESS_RUN_TARGET_S, PROCESS_MIN_TIMEOUT_S)
+            self._engine.set_collate_anywhere(self._collates_anywhere(on_processes=True))
+
+    def _off_processes(self) -> None:
+        super()._off_processes()
+        if isinstance(self._engine, SampleEngine):
+            self._engine.set_collate_anywhere(self._collates_anywhere(on_processes=False))
+
+    def _collates_anywhere(self, on_processes: bool) -> bool:
+        """Whether the worker completing a batch collates it, as torch's
+        workers do, rather than the one collate thread, which gets a core as
+        seldom as any of many workers (benchmarks/RESULTS.md: at 32 workers,
+        batch 256, with the cores busy, the defaults ran at half torch's
+        rate). Only a collate that draws no random numbers computes the same
+        on any thread. Where workers are processes, a user's collate_fn keeps
+        the collate thread (their samples are made there, not on the worker
+        threads), and so does minato's fast collate (the default's where
+        workers may be processes): it stacks the samples from their slots
+        with the GIL released, and taking it back among 32 workers slowed
+        them."""
+        if not draws_no_random(self._collate_fn):
+            return False
+        if not on_processes:
+            return True
+        return not self._opens_samples and not getattr(self._collate_fn, "takes_slot_leaves", False)
 
     def _samples_reordered(self) -> bool:
         return True

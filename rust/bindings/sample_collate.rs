@@ -1,7 +1,7 @@
 //! The sample engine's collate thread calling into Python, and the one case
 //! left to the consumer: a cheap collate that draws no random numbers.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,8 +86,9 @@ pub(crate) struct PythonCollate {
     pub deferrable: bool,
     /// Whether the worker thread completing a batch may collate it (see
     /// `Collate::any_thread`): a collate that draws no random numbers, so
-    /// that the thread it runs on changes nothing it computes.
-    pub any_thread: bool,
+    /// that the thread it runs on changes nothing it computes. The loader
+    /// changes it as its workers move between threads and processes.
+    pub any_thread: Arc<AtomicBool>,
     pub cost: CollateCost,
 }
 
@@ -134,7 +135,7 @@ impl Collate<PyResult<Py<PyAny>>> for PythonCollate {
     }
 
     fn any_thread(&self) -> bool {
-        self.any_thread
+        self.any_thread.load(Ordering::Relaxed)
     }
 
     fn collate(&self, samples: Samples) -> PyBatch {

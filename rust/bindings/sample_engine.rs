@@ -1,6 +1,8 @@
 //! `minato._minato.SampleEngine`: the sample-level engine as the Python
 //! iterator drives it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -34,6 +36,9 @@ pub(crate) struct PySampleEngine {
     /// What a failed sample comes back as (torch's ExceptionWrapper).
     error_type: Py<PyAny>,
     collate_cost: CollateCost,
+    /// Whether the workers collate the batches they complete (see
+    /// `PythonCollate::any_thread`).
+    collate_anywhere: Arc<AtomicBool>,
 }
 
 #[pymethods]
@@ -93,11 +98,12 @@ impl PySampleEngine {
         let collate_cost = CollateCost::default();
         let deferrable = collate_here.is_some();
         let collate_here = collate_here.unwrap_or_else(|| collate.clone_ref(py));
+        let collate_anywhere = Arc::new(AtomicBool::new(collate_anywhere));
         let stage = PythonCollate {
             collate,
             error_type: error_type.clone_ref(py),
             deferrable,
-            any_thread: collate_anywhere,
+            any_thread: collate_anywhere.clone(),
             cost: collate_cost.clone(),
         };
         let engine = detach(py, || Engine::start_collating(config, hooks, stage))
@@ -108,7 +114,15 @@ impl PySampleEngine {
             collate_here,
             error_type,
             collate_cost,
+            collate_anywhere,
         })
+    }
+
+    /// Whether the worker thread completing a batch collates it from now
+    /// on, or the engine's collate thread does (batches already taken are
+    /// collated where they were going to be).
+    fn set_collate_anywhere(&self, anywhere: bool) {
+        self.collate_anywhere.store(anywhere, Ordering::Relaxed);
     }
 
     /// Worker threads running now, replacements for slow samples included.
