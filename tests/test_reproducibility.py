@@ -112,6 +112,14 @@ for _method in ("thread", "multiprocessing"):
 _CASES["defaults"] = {"loader": "minato"}
 _CASES["defaults mixup"] = {"loader": "minato", "mixup": True}
 _CASES["a pool of 4"] = {"loader": "minato", "options": {"num_workers": 4}}
+# A collate_fn that draws: its batches are collated on whichever worker
+# thread completes them, or on the collate thread beside worker processes.
+for _method, _workers in (("thread", 2), ("thread", 4), ("multiprocessing", 2)):
+    _CASES[f"{_method} mixup, {_workers} workers"] = {
+        "loader": "minato",
+        "mixup": True,
+        "options": {"worker_method": _method, "num_workers": _workers, "adaptive": False},
+    }
 
 
 def test_a_seeded_run_repeats_itself_on_every_path() -> None:
@@ -129,6 +137,15 @@ def test_a_seeded_run_repeats_itself_on_every_path() -> None:
             and case.get("options", {}).get("persistent_workers", False) == persistent
         }
         assert len(digests) == 1, first
+    # A collate's draws too, wherever and on whichever thread it ran.
+    mixups = {
+        first[name]
+        for name, case in _CASES.items()
+        if case["loader"] == "minato"
+        and case.get("mixup")
+        and not case.get("options", {}).get("persistent_workers", False)
+    }
+    assert len(mixups) == 1, first
     assert all(first[name] == 0 for name in first if name.endswith(" moved"))
 
 

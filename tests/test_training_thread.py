@@ -249,9 +249,17 @@ def test_a_collate_that_draws_no_random_numbers_runs_on_the_workers_completing_b
         _thread_names_collating(marked_no_random(lambda samples: default_collate(samples)))
     )
     assert names and all(name.startswith("minato-worker") for name in names), names
-    # A user's collate_fn may draw from the generators it would have in a
-    # worker process: the collate thread's, the same whichever batch it is.
-    assert _thread_names_collating(lambda samples: default_collate(samples)) == {"minato-collate"}
+    # A user's collate_fn, which may draw random numbers, too: it draws from
+    # generators seeded for each batch, whichever thread collates it
+    # (tests/test_reproducibility.py).
+    names = _without_this_thread(_thread_names_collating(lambda samples: default_collate(samples)))
+    assert names and all(name.startswith("minato-worker") for name in names), names
+    # Beside worker processes, it runs on the collate thread, where their
+    # samples are made.
+    names = _thread_names_collating(
+        lambda samples: default_collate(samples), worker_method="multiprocessing"
+    )
+    assert _without_this_thread(names) == {"minato-collate"}, names
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for thread names")

@@ -4,14 +4,18 @@ loop's thread: collate, then pin.
 torch's DataLoader collates in its worker processes and pins in a pin-memory
 thread: the training loop's thread only takes finished batches. minato does
 the same with threads. A batch-level worker pins the batch it collated
-(`pinning`); the sample-level engine collates each batch it assembled on its
-own collate thread and pins it there (`sample_collator`). That thread has
-random generators of its own, as a torch worker process would, so a
-``collate_fn`` that draws random numbers (MixUp, CutMix) neither draws from
-nor disturbs the training loop's. A cheap batch of a collate that draws no
-random numbers (torch's ``default_collate``, unpinned) is the exception: the
-consumer collates it (rust/bindings/sample_collate.rs), a GIL hand-over to
-the collate thread costing more than the work.
+(`pinning`); the sample-level engine collates each batch it assembled on the
+worker thread that completed it, as torch's workers each collate their own
+(`sample_collator`), or, where the workers are processes and the samples
+are made where they are collated, on its one collate thread. A
+``collate_fn`` that draws random numbers (MixUp, CutMix) draws from
+generators of the collating thread's own, as in a torch worker process,
+seeded for each batch from the epoch's seed and the batch's first sample:
+which thread collates a batch changes nothing it draws, and it neither draws
+from nor disturbs the training loop's generators. A cheap batch of a collate
+that draws no random numbers (torch's ``default_collate``, unpinned) is the
+exception: the consumer collates it (rust/bindings/sample_collate.rs), a GIL
+hand-over costing more than the work.
 """
 
 from __future__ import annotations
@@ -27,12 +31,45 @@ from torch.utils.data._utils.pin_memory import pin_memory
 from minato._loader.device import Failure
 from minato._process.ipc import open_samples
 from minato._task.error import WorkerError
-from minato._thread.generators import ThreadGenerator, bind_thread_rng
+from minato._task.seed import SampleRun
+from minato._thread.generators import (
+    ThreadGenerator,
+    bind_thread,
+    bind_thread_rng,
+    bound_generators,
+)
 from minato._thread.torch_threads import limit_thread_intra_op
 
-# The collate thread's generators are seeded as a worker with this id would
-# be: above any pool's size, so never a worker's seed.
+# The collating generators are made as a worker with this id would have
+# them: above any pool's size, so never a worker's seed.
 COLLATE_THREAD_SEED_ID = 1 << 20
+# A batch's collate draws from seeds of their own: the epoch's seed mixed
+# with this, at the batch's first sample's position (a sample's draws use
+# the epoch's seed itself, minato._task.seed).
+COLLATE_SEED_SALT = 0x636F_6C6C_6174_6521
+_MASK = (1 << 64) - 1
+
+
+class EpochSeed:
+    """The seed of the epoch whose batches are collated, set by the iterator
+    as each epoch begins (None where its samples are not seeded: then one
+    stream of draws per thread, in the order it collates batches, and the
+    loader keeps such a collate on its one collate thread). A batch of an
+    earlier epoch still collating when it changes is dropped, never
+    delivered."""
+
+    __slots__ = ("seed",)
+
+    def __init__(self) -> None:
+        self.seed: int | None = None
+
+    def batch_run(self, tags: list[int]) -> SampleRun | None:
+        """The draws of the batch whose samples are at `tags`."""
+        seed = self.seed
+        if seed is None or not tags:
+            return None
+        return SampleRun((seed ^ COLLATE_SEED_SALT) & _MASK, [tags[0]], None)
+
 
 PIN_WHERE = "while pinning a batch in a DataLoader worker thread"
 
@@ -77,6 +114,7 @@ def sample_collator(
     base_seed: int = 0,
     own_thread: bool = True,
     opens_samples: bool = False,
+    epoch_seed: EpochSeed | None = None,
 ) -> Callable[
     [list[int], list[Any], ExceptionWrapper | None],
     tuple[list[int], int, Any, BaseException | None],
@@ -86,8 +124,10 @@ def sample_collator(
     batch or a Failure, the collate error or None)``. A
     collate error is handed back for the consumer to name the samples' indices.
 
-    `own_thread`: it runs on the loader's collate thread, which it sets up as
-    a worker process is set up (one intra-op thread, generators of its own).
+    `own_thread`: it runs on the loader's collate thread or a worker thread,
+    which it sets up as a worker process is set up (one intra-op thread),
+    and a collate that may draw random numbers draws from generators of the
+    thread's own, seeded for each batch from `epoch_seed` (see `EpochSeed`).
     Otherwise it runs on the consumer's thread, a cheap batch of a collate
     that draws no random numbers: that thread, the training loop's, keeps its
     intra-op threads and generators.
@@ -100,10 +140,28 @@ def sample_collator(
     def generator() -> ThreadGenerator:
         own = getattr(local, "generator", None)
         if own is None:
-            # First call on this thread: the generators a worker process would have.
-            generators = bind_thread_rng(base_seed, COLLATE_THREAD_SEED_ID)
-            own = local.generator = ThreadGenerator(generators)
+            # First call on this thread: the generators a worker process
+            # would have, bound only while collating (a worker thread keeps
+            # its own for its samples).
+            bound = bound_generators()
+            own = local.generator = ThreadGenerator(
+                bind_thread_rng(base_seed, COLLATE_THREAD_SEED_ID)
+            )
+            bind_thread(bound)
         return own
+
+    def collate_drawing(tags: list[int], samples: list[Any]) -> Any:
+        mode = generator()
+        generators = mode.generators
+        if epoch_seed is not None:
+            generators.begin_run(epoch_seed.batch_run(tags))
+        bound = bound_generators()
+        bind_thread(generators)
+        try:
+            with mode:
+                return collate_fn(samples)
+        finally:
+            bind_thread(bound)
 
     # torch's default_collate and minato's draw no random numbers: they are
     # spared the generator mode's cost on every torch call (10-30 % of a
@@ -129,8 +187,7 @@ def sample_collator(
             if no_random or not own_thread:
                 batch = collate_fn(samples)
             else:
-                with generator():
-                    batch = collate_fn(samples)
+                batch = collate_drawing(tags, samples)
         except Exception as error:
             return tags, 0, None, error
         if pin:

@@ -18,7 +18,7 @@ from torch.utils.data.dataloader import (
 )
 
 from minato._loader.collate import fast_default_collate
-from minato._loader.collate_stage import draws_no_random, sample_collator
+from minato._loader.collate_stage import EpochSeed, draws_no_random, sample_collator
 from minato._loader.device import DeviceStage, Failure, HostBatch
 from minato._loader.resume import EpochStream, IterableStream, capture_epoch_rng
 from minato._loader.stats import StatsRecorder
@@ -748,6 +748,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
                 device=self._pin_memory_device or None,
                 base_seed=int(self._base_seed),
                 opens_samples=opens_samples,
+                epoch_seed=self._collated_epoch,
             ),
             # A cheap batch of torch's default_collate may be collated here:
             # the collate thread's GIL hand-over would cost this thread more.
@@ -799,23 +800,32 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         if isinstance(self._engine, SampleEngine):
             self._engine.set_collate_anywhere(self._collates_anywhere(on_processes=False))
 
+    def _begin_epoch(
+        self, loader: DataLoader, epoch_rng: dict[str, Any], *, samples: bool = False
+    ) -> None:
+        super()._begin_epoch(loader, epoch_rng, samples=samples)
+        if not hasattr(self, "_collated_epoch"):
+            self._collated_epoch = EpochSeed()
+        self._collated_epoch.seed = self._epoch_seed()
+
     def _collates_anywhere(self, on_processes: bool) -> bool:
         """Whether the worker completing a batch collates it, as torch's
         workers do, rather than the one collate thread, which gets a core as
         seldom as any of many workers (benchmarks/RESULTS.md: at 32 workers,
         batch 256, with the cores busy, the defaults ran at half torch's
-        rate). Only a collate that draws no random numbers computes the same
-        on any thread. Where workers are processes, a user's collate_fn keeps
-        the collate thread (their samples are made there, not on the worker
-        threads), and so does minato's fast collate (the default's where
-        workers may be processes): it stacks the samples from their slots
-        with the GIL released, and taking it back among 32 workers slowed
-        them."""
-        if not draws_no_random(self._collate_fn):
-            return False
+        rate). A collate computes the same on any thread where it draws no
+        random numbers, or draws from generators seeded for each batch (an
+        epoch whose samples are seeded, see EpochSeed). Where workers are
+        processes, a user's collate_fn keeps the collate thread (their
+        samples are made there, not on the worker threads), and so does
+        minato's fast collate (the default's where workers may be
+        processes): it stacks the samples from their slots with the GIL
+        released, and taking it back among 32 workers slowed them."""
+        no_random = draws_no_random(self._collate_fn)
         if not on_processes:
-            return True
-        return not self._opens_samples and not getattr(self._collate_fn, "takes_slot_leaves", False)
+            return no_random or self._collated_epoch.seed is not None
+        slot_leaves = getattr(self._collate_fn, "takes_slot_leaves", False)
+        return no_random and not self._opens_samples and not slot_leaves
 
     def _samples_reordered(self) -> bool:
         return True

@@ -167,6 +167,11 @@ def bind_thread(generators: ThreadGenerators | None) -> None:
     _thread.generators = generators
 
 
+def bound_generators() -> ThreadGenerators | None:
+    """The calling thread's generators (None: the shared ones)."""
+    return _thread.generators
+
+
 def _thread_torch_generator() -> Any:
     generators = _thread.generators
     return None if generators is None else generators.torch
