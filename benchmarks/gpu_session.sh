@@ -11,8 +11,11 @@
 #   (and the same for huggingface_hub, safetensors, psutil, pyyaml, filelock,
 #   fsspec, tqdm, httpx, hf-xet and their dependencies)
 #
-#   bash benchmarks/gpu_session.sh [tests] [train] [digest] [scaling] [manycore] [neighbour]
+#   bash benchmarks/gpu_session.sh [tests] [train] [digest] [scaling] [manycore] [neighbour] [collate]
 #
+# `collate` (not run by default: about two minutes, untimed on a GPU machine
+# so far) runs user_collate.py at batch 128, new and old: where batches of a
+# user's collate_fn and of the defaults are collated on 16 busy cores.
 # Wall time of each part on the H200 (session 2026-11-27 (8)), for planning a
 # lease of 15 minutes: tests 26 s, train 145 s (new b c d d+ 68 s, old b d d+
 # 77 s; d= adds about 15 s), manycore 24 s, digest 62 s, scaling 170 s (PIL
@@ -55,5 +58,8 @@ for part in $parts; do
             step 110 python3 scaling.py --batches 15) ;;
     manycore) (cd benchmarks && step 60 python3 manycore.py --workers 16 --sleep-ms 3 --batch 64) ;;
     neighbour) (cd benchmarks && step 80 python3 neighbour.py --device cuda --workers 2 8 --batches 60) ;;
+    collate)
+        (cd benchmarks && step 120 python3 user_collate.py --batch 128 --only torch defaults threads &&
+            step 120 env PYTHONPATH=/tmp/old python3 user_collate.py --batch 128 --only torch defaults threads) ;;
     esac
 done
