@@ -180,6 +180,10 @@ struct Probe {
     /// For a quadrupling, the doubling within it, judged against the same
     /// baseline if the quadrupling falls short of linear.
     half_way: Option<usize>,
+    /// The step reached the most workers allowed: no step after it would
+    /// take back a lucky window's verdict, so it is judged as a refining
+    /// step is.
+    at_limit: bool,
 }
 
 impl Probe {
@@ -318,14 +322,18 @@ impl Controller {
             // is judged on two windows, and its gain must also exceed the
             // spread between them (busy cores: windows in a row read from
             // 2,000 to 19,000 samples/s, and steps kept on one such window
-            // took a pool from 32 to 60 threads that gained nothing).
-            let refining = growth && !self.doubling;
+            // took a pool from 32 to 60 threads that gained nothing). So is
+            // a step to the most workers allowed: no later step would take
+            // a lucky window's verdict back (a doubling from 32 to 64 kept
+            // on its first window stayed for the epoch at a third of the
+            // rate).
+            let two_looks = growth && (!self.doubling || probe.at_limit);
             let mut paid = self.paid_off(probe, looked);
-            if let (true, Some(first)) = (refining, probe.first_look) {
+            if let (true, Some(first)) = (two_looks, probe.first_look) {
                 let spread = (first.throughput - window.throughput).abs();
                 paid = paid && throughput - probe.baseline >= spread;
             }
-            if growth && probe.first_look.is_none() && (!paid || refining) {
+            if growth && probe.first_look.is_none() && (!paid || two_looks) {
                 probe.first_look = Some(window);
                 self.probe = Some(probe);
                 return self.workers;
@@ -339,6 +347,7 @@ impl Controller {
                     self.probe = Some(Probe {
                         first_look: None,
                         half_way: None,
+                        at_limit: false,
                         ..probe
                     });
                     return self.workers;
@@ -393,6 +402,7 @@ impl Controller {
                 baseline_wait: window.wait,
                 first_look: None,
                 half_way: None,
+                at_limit: false,
             });
             self.workers -= 1;
             self.reason = Some(ResizeReason::TryFewer);
@@ -439,6 +449,7 @@ impl Controller {
                     baseline_wait: window.wait,
                     first_look: None,
                     half_way: (to > doubled).then_some(doubled),
+                    at_limit: to == limit,
                 });
                 self.workers = to;
                 self.reason = Some(ResizeReason::Grow);
@@ -659,6 +670,28 @@ mod tests {
         let ramp = &scaling[first_step..];
         assert_eq!(&ramp[..8], &[4, 4, 6, 6, 12, 24, 48, 64], "{scaling:?}");
         assert!(ramp[7..].iter().all(|&n| n == 64), "{scaling:?}");
+    }
+
+    #[test]
+    fn a_step_to_the_maximum_is_not_kept_on_one_lucky_window() {
+        // Flat work; the first window at 64 workers (the maximum) reads
+        // half again as much as the rest.
+        let mut controller = Controller::new(ControllerConfig::new(1, 64), 32);
+        let mut lucky = true;
+        let counts = settle(
+            &mut controller,
+            |n| {
+                if n == 64 && std::mem::take(&mut lucky) {
+                    1500.0
+                } else {
+                    1000.0
+                }
+            },
+            4,
+        );
+        // Judged on two windows: taken back, then refined from 32 in steps
+        // of two.
+        assert_eq!(counts, [64, 64, 32, 34], "{counts:?}");
     }
 
     #[test]
