@@ -32,12 +32,7 @@ from minato._loader.device import Failure
 from minato._process.ipc import open_samples
 from minato._task.error import WorkerError
 from minato._task.seed import SampleRun
-from minato._thread.generators import (
-    ThreadGenerator,
-    bind_thread,
-    bind_thread_rng,
-    bound_generators,
-)
+from minato._thread.generators import ThreadGenerator, bound_to, worker_rng_generators
 from minato._thread.torch_threads import limit_thread_intra_op
 
 # The collating generators are made as a worker with this id would have
@@ -143,25 +138,17 @@ def sample_collator(
             # First call on this thread: the generators a worker process
             # would have, bound only while collating (a worker thread keeps
             # its own for its samples).
-            bound = bound_generators()
             own = local.generator = ThreadGenerator(
-                bind_thread_rng(base_seed, COLLATE_THREAD_SEED_ID)
+                worker_rng_generators(base_seed, COLLATE_THREAD_SEED_ID)
             )
-            bind_thread(bound)
         return own
 
     def collate_drawing(tags: list[int], samples: list[Any]) -> Any:
         mode = generator()
-        generators = mode.generators
         if epoch_seed is not None:
-            generators.begin_run(epoch_seed.batch_run(tags))
-        bound = bound_generators()
-        bind_thread(generators)
-        try:
-            with mode:
-                return collate_fn(samples)
-        finally:
-            bind_thread(bound)
+            mode.generators.begin_run(epoch_seed.batch_run(tags))
+        with bound_to(mode.generators), mode:
+            return collate_fn(samples)
 
     # torch's default_collate and minato's draw no random numbers: they are
     # spared the generator mode's cost on every torch call (10-30 % of a

@@ -32,10 +32,11 @@ generator.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -167,9 +168,16 @@ def bind_thread(generators: ThreadGenerators | None) -> None:
     _thread.generators = generators
 
 
-def bound_generators() -> ThreadGenerators | None:
-    """The calling thread's generators (None: the shared ones)."""
-    return _thread.generators
+@contextlib.contextmanager
+def bound_to(generators: ThreadGenerators) -> Iterator[None]:
+    """The calling thread's process-wide generators are `generators` within,
+    and whatever they were before after."""
+    before = _thread.generators
+    bind_thread(generators)
+    try:
+        yield
+    finally:
+        bind_thread(before)
 
 
 def _thread_torch_generator() -> Any:
@@ -503,12 +511,19 @@ def _thread_rng(base_seed: int, worker_id: int) -> Any:
     return rng_type(**fields) if rng_type is not None else types.SimpleNamespace(**fields)
 
 
+def worker_rng_generators(base_seed: int, worker_id: int) -> ThreadGenerators:
+    """The process-wide generators worker `worker_id`'s process would have
+    (see this module), bound to no thread yet."""
+    rng = _thread_rng(base_seed, worker_id)
+    generators = thread_generators(base_seed, worker_id, rng.torch_generator, rng.random_generator)
+    generators.worker_rng = SampleRNG(generators, rng.numpy_generator)
+    return generators
+
+
 def bind_thread_rng(base_seed: int, worker_id: int) -> ThreadGenerators:
     """Makes the calling thread's process-wide generators those worker
     `worker_id`'s process would have (see this module); returns
     them."""
-    rng = _thread_rng(base_seed, worker_id)
-    generators = thread_generators(base_seed, worker_id, rng.torch_generator, rng.random_generator)
-    generators.worker_rng = SampleRNG(generators, rng.numpy_generator)
+    generators = worker_rng_generators(base_seed, worker_id)
     bind_thread(generators)
     return generators
