@@ -296,9 +296,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._last_state_dict: dict[str, Any] | None = None
         self._last_state_taken = 0
         self._rebuilt_as: weakref.ref[DataLoader[Any]] | None = None
-        if num_workers > 0 and self._worker_method.may_use_processes:
+        if num_workers > 0 and self._worker_method.wants_processes:
             # The fork server, forked from this process now, while no worker
             # of this loader runs: ready before the first samples need it.
+            # (Auto, undecided, forks it once its measurements point to
+            # processes: a loader that keeps threads never forks it.)
             warm_up(dataset=dataset)
         accelerate_hooks.register(self)
 

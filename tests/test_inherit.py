@@ -140,3 +140,45 @@ print("ok")
         prelude=imports,
     )
     assert out.strip() == "ok"
+
+
+def test_auto_forks_the_server_as_it_moves_and_its_workers_inherit_the_list() -> None:
+    # Auto forks the fork server only once its measurements point to
+    # processes, while its threads load: the dataset's list must be
+    # registered before that fork, and the workers' spec pickled after it.
+    imports = "import torch.utils.data as tud\nimport minato\nfrom minato._process import workers\n"
+    out = run(
+        """
+from minato._process.method import WorkerMethod
+
+def point_to_processes(self, figures, can_trial=True):
+    return self._decide(True, "auto: told to, by the test")
+
+WorkerMethod.observe = point_to_processes
+
+class Blobs(tud.Dataset):
+    def __init__(self):
+        self.images = [bytes([i % 251]) * 50_000 for i in range(400)]  # 20 MB in all
+    def __len__(self):
+        return len(self.images)
+    def __getitem__(self, index):
+        return self.images[index][0], len(self.images[index])
+
+blobs = Blobs()
+loader = minato.DataLoader(blobs, batch_size=4, num_workers=2)
+assert not workers._zygote_running()  # not at construction: auto is still measuring
+iterator = iter(loader)
+seen, payload = [], None
+for first, length in iterator:
+    seen += first.tolist()
+    assert length.tolist() == [50_000] * len(length)
+    if payload is None and loader.stats().worker_method == "multiprocessing":
+        payload = iterator._processes.spec_payload()  # what its workers were sent
+assert sorted(seen) == sorted(i % 251 for i in range(400))
+assert payload is not None, loader.stats().worker_method_reason
+assert not payload.fds and len(payload.data) < 10_000, (len(payload.fds), len(payload.data))
+print("ok")
+""",
+        prelude=imports,
+    )
+    assert out.strip() == "ok"

@@ -513,10 +513,11 @@ def _run_script(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]
     return run
 
 
-def test_the_fork_server_goes_once_auto_keeps_threads_for_every_loader(tmp_path: Path) -> None:
-    # Forked at construction, it comes to hold a copy of every page the
-    # training process writes: kept only while a loader may still move. A
-    # fresh interpreter: no other test's loader may hold it.
+def test_auto_forks_no_fork_server_while_it_keeps_threads(tmp_path: Path) -> None:
+    # Forked, it comes to hold a copy of every page the training process
+    # writes: auto forks it only once its measurements point to processes, a
+    # forced loader as it is built. A fresh interpreter: no other test's
+    # loader may hold it.
     script = textwrap.dedent("""
         import time
         import minato
@@ -546,9 +547,53 @@ def test_the_fork_server_goes_once_auto_keeps_threads_for_every_loader(tmp_path:
         """)
     run = _run_script(script, tmp_path)
     lines = run.stdout.splitlines()
-    assert lines[0] == "started True", run.stdout
+    assert lines[0] == "started False", run.stdout
     assert lines[1].startswith("kept thread auto: "), run.stdout
     assert lines[2:] == ["running False", "again True"], run.stdout
+
+
+def test_the_fork_server_is_forked_with_no_worker_thread_inside_the_datasets_code(
+    tmp_path: Path,
+) -> None:
+    # Auto forks the server while its threads load. Each sample holds a lock
+    # of the dataset's module, the GIL released, for most of its time: a
+    # fork made meanwhile would leave the lock held for good in the server
+    # and every worker process it forks (their samples would hang until the
+    # hard timeout failed them).
+    (tmp_path / "locked_dataset.py").write_text(
+        textwrap.dedent("""
+            import threading
+            import time
+
+            LOCK = threading.Lock()
+
+            class Locked:
+                def __len__(self):
+                    return 400
+
+                def __getitem__(self, index):
+                    with LOCK:
+                        time.sleep(0.002)
+                    return index
+            """)
+    )
+    script = textwrap.dedent("""
+        import minato
+        from minato._process.method import WorkerMethod
+        from locked_dataset import Locked
+
+        def point_to_processes(self, figures, can_trial=True):
+            return self._decide(True, "auto: told to, by the test")
+
+        WorkerMethod.observe = point_to_processes
+        loader = minato.DataLoader(
+            Locked(), batch_size=4, num_workers=2, sample_hard_timeout=20, on_error="skip"
+        )
+        seen = sorted(int(i) for batch in loader for i in batch)
+        print(loader.stats().worker_method, len(seen), seen == list(range(400)))
+        """)
+    run = _run_script(script, tmp_path)
+    assert run.stdout.split() == ["multiprocessing", "400", "True"], run.stdout + run.stderr
 
 
 def test_the_fork_server_goes_once_a_trial_back_to_threads_has_ended_its_processes(

@@ -24,6 +24,7 @@ import minato
 from minato._minato import SlotMap as SlotLeases
 from minato._minato import SlotRing
 from minato._process import ipc as _ipc
+from minato._process import workers as _process_workers
 
 # As rust/wire/slots.rs sets them.
 SEGMENT_SLOTS = 32
@@ -176,6 +177,9 @@ class Images(tud.Dataset):
 
 def _count_slot_rebuilds(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts the tensors rebuilt from slots, and the segments mapped."""
+    # The fork server first: forked after the patches below, it would hand
+    # them to its worker processes, which must send what they always send.
+    _process_workers.warm_up()
     counts = {"slot": 0, "segments": 0, "tensors": 0, "arena": 0, "threads": set()}
     rebuild, leaf, tensor = _ipc._rebuild_slot_tensor, _ipc._slot_leaf, _ipc.slot_tensor
     arena_leaf, deferred = _ipc._rebuild_arena_leaf, _ipc._deferred_sample

@@ -34,6 +34,7 @@ from minato._task.error import WorkerError
 from minato._task.seed import SampleRun
 from minato._thread.generators import ThreadGenerator, bound_to, worker_rng_generators
 from minato._thread.torch_threads import limit_thread_intra_op
+from minato._util.user_code import IN_USER_CODE
 
 # The collating generators are made as a worker with this id would have
 # them: above any pool's size, so never a worker's seed.
@@ -169,12 +170,13 @@ def sample_collator(
         if error is not None:
             return tags, 0, Failure(error), None
         try:
-            if opens_samples:
-                samples = open_samples(samples)
-            if no_random or not own_thread:
-                batch = collate_fn(samples)
-            else:
-                batch = collate_drawing(tags, samples)
+            with IN_USER_CODE:
+                if opens_samples:
+                    samples = open_samples(samples)
+                if no_random or not own_thread:
+                    batch = collate_fn(samples)
+                else:
+                    batch = collate_drawing(tags, samples)
         except Exception as error:
             return tags, 0, None, error
         if pin:

@@ -603,6 +603,11 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
                 # Threads for good, before any worker process ran.
                 release_fork_server()
             return
+        # The fork server first, from this thread: the dataset's large
+        # arrays and lists go to worker processes as references to its
+        # memory only once it has them (minato._process.inherit), so the
+        # spec is pickled after.
+        warm_up(dataset=processes.spec.dataset)
         why = processes.check_picklable()
         if why is not None:
             method.cannot_use_processes(why)

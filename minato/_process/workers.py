@@ -10,9 +10,12 @@ worker id and sample index; large tensors and arrays come back in shared
 memory (minato._process.ipc).
 
 Start: worker processes fork from minato's fork server
-(minato._process.zygote), started once per process when the first loader
-that may use processes is built (``warm_up``). The fork server is forked
-from this process there, as torch forks its workers from it: it shares
+(minato._process.zygote), started once per process when first wanted
+(``warm_up``): as a loader that will use processes is built, or as auto's
+measurements first point to processes (a loader that keeps threads never
+forks it). The fork server is forked from this process, by the calling
+thread, with minato's worker threads held out of the user's code
+(minato._util.user_code), as torch forks its workers from it: it shares
 this process's pages copy-on-write (torch, the user's modules, the
 dataset's data), so it starts in milliseconds and costs no interpreter of
 its own. It keeps only its socket of this process's descriptors, and never
@@ -68,6 +71,13 @@ from minato._process.method import WorkerMethod
 from minato._task.error import WorkerError
 from minato._task.failures import SampleFailure, Skipped
 from minato._task.runner import EXHAUSTED, WorkerSpec
+from minato._util.memory import give_back_freed_memory
+from minato._util.user_code import out_of_user_code
+
+# How long the fork server's fork waits at most for minato's worker threads
+# to leave the user's code (their samples' time, once); then it forks anyway,
+# as torch forks its workers beside whatever other threads run.
+FORK_QUIET_BOUND_S = 0.1
 
 
 class _ForkedServer:
@@ -105,7 +115,9 @@ class _ForkedServer:
 def _fork_server(theirs: socket.socket) -> _ForkedServer:
     """Forks this process into the fork server, serving `theirs`."""
     keep = theirs.fileno()
-    with warnings.catch_warnings():
+    # Auto forks it while its worker threads load: none is left inside the
+    # user's code, half done, in the server (minato._util.user_code).
+    with warnings.catch_warnings(), out_of_user_code(FORK_QUIET_BOUND_S):
         # Python warns of forking a process with threads; the child runs
         # only the fork server's loop and what its workers are sent.
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -124,6 +136,11 @@ def _fork_server(theirs: socket.socket) -> _ForkedServer:
         # must never be collected here: closing their numbers, reused for
         # the workers' sockets, would cut those.
         gc.freeze()
+        # Free pages of this process's heaps (worker threads' arenas that
+        # decoded images before auto moved) are no memory of the server's:
+        # unmapped here, they are neither held by it once the training
+        # process trims its own nor inherited by the workers it forks.
+        give_back_freed_memory()
         # Only its socket: a copy of another one would keep its peer from
         # seeing it closed (a worker process of this loader, say).
         os.closerange(3, keep)

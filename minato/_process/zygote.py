@@ -1,7 +1,7 @@
 """minato's fork server: the process worker processes are forked from.
 
-The zygote is forked from the loader's process when its first loader that
-may use processes is built, as torch forks its workers from it (sharing
+The zygote is forked from the loader's process when first wanted (see
+minato._process.workers), as torch forks its workers from it (sharing
 its pages), or, with ``MINATO_FORK_SERVER=exec``, a fresh interpreter
 started by fork+exec that imports torch and minato once (see
 minato._process.workers). Either way it is single-threaded, and forks one

@@ -30,6 +30,7 @@ from minato._task.failures import (
     split_failures,
 )
 from minato._task.seed import SampleRun
+from minato._util.user_code import IN_USER_CODE
 
 if TYPE_CHECKING:
     pass
@@ -106,7 +107,7 @@ def make_runner(
     init_error: ExceptionWrapper | None = None
     fetcher: _MapFetcher | _IterableFetcher | None = None
     try:
-        with own_generator:
+        with own_generator, IN_USER_CODE:
             if spec.worker_init_fn is not None:
                 spec.worker_init_fn(worker_id)
             fetcher_type = _IterableFetcher if spec.is_iterable else _MapFetcher
@@ -134,7 +135,7 @@ def make_runner(
         assert fetcher is not None
         sample_run = None if key is None else SampleRun(key, [tag], eager_seed)
         begin_run(sample_run)
-        with own_generator:
+        with own_generator, IN_USER_CODE:
             if sample_run is not None and eager_seed is not None:
                 eager_seed(sample_run)  # the whole batch draws from the batch's seed
             output = fetcher.fetch(epoch, index)
@@ -149,7 +150,7 @@ def make_runner(
         key = tagged[0][2]
         run = None if key is None else SampleRun(key, tags, eager_seed)
         begin_run(run)
-        with own_generator:
+        with own_generator, IN_USER_CODE:
             loaded = fetcher.fetch_samples([index for _, index, _ in tagged], run)
         return [
             Skipped(tag, sample) if isinstance(sample, SampleFailure) else (tag, sample)

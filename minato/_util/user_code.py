@@ -1,0 +1,96 @@
+"""minato's worker threads inside a user's code, held out of it while minato
+forks its fork server from the training process.
+
+A fork child has the parent's memory and only the thread that forked. A
+worker thread caught inside the user's ``__getitem__`` or ``collate_fn``
+with the GIL released (reading a file, importing a module lazily, holding a
+lock of the user's) leaves that state half done in the child: a module
+half imported, a lock held for good by a thread the child does not have.
+torch forks its workers before they run any of the dataset; minato forks its
+fork server once auto's measurements point to processes, while its worker
+threads load. So the fork waits, a bounded time, for every worker thread to
+leave the user's code, and holds new tasks at the door until it is done.
+
+Each thread counts only its own depth: a dict store of its own key, atomic
+under the GIL. A thread between the door and its count holds the GIL or
+waits for it, at a bytecode boundary, outside the user's code: nothing of
+it is half done in the child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+# How long a new task waits at a closed door at most: a fork takes
+# milliseconds, and the door reopens even if the forking thread fails.
+DOOR_MAX_WAIT_S = 5.0
+# How often the forking thread looks again while threads are inside.
+_POLL_S = 0.0005
+
+# Thread ident -> how deep in the user's code it is (0: outside).
+_depth: dict[int, int] = {}
+_door = threading.Event()
+_door.set()
+
+
+class _InUserCode:
+    """``with IN_USER_CODE:`` around a call into the user's code on a minato
+    worker thread."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        if not _door.is_set():
+            _door.wait(DOOR_MAX_WAIT_S)
+        ident = threading.get_ident()
+        _depth[ident] = _depth.get(ident, 0) + 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        ident = threading.get_ident()
+        _depth[ident] -= 1
+
+
+IN_USER_CODE = _InUserCode()
+
+
+def _others_inside(me: int) -> bool:
+    # list() copies the items in C, under the GIL: no thread adds a key
+    # meanwhile.
+    return any(depth for ident, depth in list(_depth.items()) if ident != me)
+
+
+@contextlib.contextmanager
+def out_of_user_code(bound: float) -> Iterator[bool]:
+    """Closes the door to the user's code and waits up to `bound` seconds
+    (the GIL released) for minato's threads inside to leave; yields whether
+    none is left inside, then reopens the door."""
+    me = threading.get_ident()
+    _door.clear()
+    try:
+        deadline = time.monotonic() + bound
+        while _others_inside(me) and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        yield not _others_inside(me)
+    finally:
+        _door.set()
+
+
+def _start_over_in_child() -> None:
+    """A fork child has none of the parent's other threads, and the door's
+    lock may have been held by one of them: a new door, open."""
+    global _door
+    me = threading.get_ident()
+    own = _depth.get(me, 0)  # a fork made from inside the user's code
+    _depth.clear()
+    if own:
+        _depth[me] = own
+    _door = threading.Event()
+    _door.set()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_start_over_in_child)

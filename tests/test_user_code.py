@@ -1,0 +1,74 @@
+"""minato's worker threads are held out of the user's code while minato
+forks its fork server (minato._util.user_code)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from minato._util.user_code import IN_USER_CODE, out_of_user_code
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_fork_waits_for_a_thread_inside_and_holds_new_ones_at_the_door() -> None:
+    may_leave = threading.Event()
+    inside = threading.Event()
+
+    def in_users_code() -> None:
+        with IN_USER_CODE:
+            inside.set()
+            may_leave.wait()
+
+    first = threading.Thread(target=in_users_code)
+    first.start()
+    inside.wait()
+    order: list[str] = []
+
+    def forker() -> None:
+        with out_of_user_code(bound=30) as clear:
+            order.append(f"fork clear={clear}")
+            time.sleep(0.05)  # a new entrant waits at the door meanwhile
+            order.append("fork done")
+
+    def entrant() -> None:
+        with IN_USER_CODE:
+            order.append("entered")
+
+    forking = threading.Thread(target=forker)
+    forking.start()
+    time.sleep(0.05)
+    assert order == []  # the fork waits for the thread inside
+    entering = threading.Thread(target=entrant)
+    entering.start()
+    may_leave.set()
+    for thread in (first, forking, entering):
+        thread.join()
+    assert order == ["fork clear=True", "fork done", "entered"]
+
+
+def test_a_fork_waits_no_longer_than_its_bound() -> None:
+    may_leave = threading.Event()
+    inside = threading.Event()
+
+    def stuck() -> None:
+        with IN_USER_CODE:
+            inside.set()
+            may_leave.wait()
+
+    thread = threading.Thread(target=stuck)
+    thread.start()
+    inside.wait()
+    with out_of_user_code(bound=0.05) as clear:
+        assert not clear
+    may_leave.set()
+    thread.join()
+    with out_of_user_code(bound=0.05) as clear:
+        assert clear
+
+
+def test_the_forking_thread_itself_may_be_inside() -> None:
+    with IN_USER_CODE, out_of_user_code(bound=5) as clear:
+        assert clear
