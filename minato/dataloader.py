@@ -20,7 +20,7 @@ from minato._loader.iterator import (
 from minato._loader.resume import LoaderProgress
 from minato._loader.stats import LoaderStats, StatsRecorder
 from minato._process.method import WorkerMethod, check_worker_method
-from minato._process.workers import warm_up
+from minato._process.workers import exec_server_wanted, warm_up
 from minato._task.failures import check_failure_options
 from minato._util.priority import DEFAULT_WORKER_NICE, check_worker_nice
 
@@ -296,11 +296,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._last_state_dict: dict[str, Any] | None = None
         self._last_state_taken = 0
         self._rebuilt_as: weakref.ref[DataLoader[Any]] | None = None
-        if num_workers > 0 and self._worker_method.wants_processes:
+        method = self._worker_method
+        if num_workers > 0 and (
+            method.wants_processes or (method.may_use_processes and exec_server_wanted())
+        ):
             # The fork server, forked from this process now, while no worker
             # of this loader runs: ready before the first samples need it.
-            # (Auto, undecided, forks it once its measurements point to
-            # processes: a loader that keeps threads never forks it.)
+            # Auto, undecided, forks it once its measurements point to
+            # processes (a loader that keeps threads never forks it); a
+            # fresh interpreter shares no pages and takes seconds to start:
+            # it starts now, in the background.
             warm_up(dataset=dataset)
         accelerate_hooks.register(self)
 

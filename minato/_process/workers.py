@@ -160,7 +160,7 @@ def _max_fd() -> int:
         return 65536
 
 
-def _exec_wanted() -> bool:
+def exec_server_wanted() -> bool:
     """``MINATO_FORK_SERVER=exec``: the fork server as a fresh interpreter."""
     return os.environ.get("MINATO_FORK_SERVER") == "exec"
 
@@ -187,7 +187,7 @@ class _Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.process: _ForkedServer | subprocess.Popen
         try:
-            if _exec_wanted():
+            if exec_server_wanted():
                 self.process = _exec_server(theirs)
             else:
                 self.process = _fork_server(theirs)
@@ -262,7 +262,7 @@ def warm_up(modules: list[str] | None = None, dataset: Any = None) -> None:
     a fresh interpreter (``MINATO_FORK_SERVER=exec``) starts in the
     background. Asking again for modules already asked for does nothing."""
     global _warming_in
-    if dataset is not None and not _exec_wanted() and not _zygote_running():
+    if dataset is not None and not exec_server_wanted() and not _zygote_running():
         # Only what is registered before the fork is in the server's memory.
         inherit.register(dataset)
     wanted = set(modules or ())
@@ -273,7 +273,7 @@ def warm_up(modules: list[str] | None = None, dataset: Any = None) -> None:
             _warming_modules.clear()
         _warming_in = os.getpid()
         _warming_modules.update(wanted)
-    if not _exec_wanted():
+    if not exec_server_wanted():
         with contextlib.suppress(Exception):  # reported when a worker process starts
             _zygote_now()
     threading.Thread(
