@@ -13,8 +13,8 @@ from minato._util.user_code import IN_USER_CODE, out_of_user_code
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_a_fork_waits_for_a_thread_inside_and_holds_new_ones_at_the_door() -> None:
-    may_leave = threading.Event()
+def _a_thread_inside(may_leave: threading.Event) -> threading.Thread:
+    """A thread that stays inside the user's code until `may_leave` is set."""
     inside = threading.Event()
 
     def in_users_code() -> None:
@@ -22,9 +22,15 @@ def test_a_fork_waits_for_a_thread_inside_and_holds_new_ones_at_the_door() -> No
             inside.set()
             may_leave.wait()
 
-    first = threading.Thread(target=in_users_code)
-    first.start()
+    thread = threading.Thread(target=in_users_code)
+    thread.start()
     inside.wait()
+    return thread
+
+
+def test_a_fork_waits_for_a_thread_inside_and_holds_new_ones_at_the_door() -> None:
+    may_leave = threading.Event()
+    first = _a_thread_inside(may_leave)
     order: list[str] = []
 
     def forker() -> None:
@@ -51,16 +57,7 @@ def test_a_fork_waits_for_a_thread_inside_and_holds_new_ones_at_the_door() -> No
 
 def test_a_fork_waits_no_longer_than_its_bound() -> None:
     may_leave = threading.Event()
-    inside = threading.Event()
-
-    def stuck() -> None:
-        with IN_USER_CODE:
-            inside.set()
-            may_leave.wait()
-
-    thread = threading.Thread(target=stuck)
-    thread.start()
-    inside.wait()
+    thread = _a_thread_inside(may_leave)
     with out_of_user_code(bound=0.05) as clear:
         assert not clear
     may_leave.set()
