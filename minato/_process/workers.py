@@ -117,7 +117,7 @@ def _fork_server(theirs: socket.socket) -> _ForkedServer:
     keep = theirs.fileno()
     # Auto forks it while its worker threads load: none is left inside the
     # user's code, half done, in the server (minato._util.user_code).
-    with warnings.catch_warnings(), out_of_user_code(FORK_QUIET_BOUND_S):
+    with out_of_user_code(FORK_QUIET_BOUND_S), warnings.catch_warnings():
         # Python warns of forking a process with threads; the child runs
         # only the fork server's loop and what its workers are sent.
         warnings.simplefilter("ignore", DeprecationWarning)
