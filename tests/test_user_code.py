@@ -69,3 +69,18 @@ def test_a_fork_waits_no_longer_than_its_bound() -> None:
 def test_the_forking_thread_itself_may_be_inside() -> None:
     with IN_USER_CODE, out_of_user_code(bound=5) as clear:
         assert clear
+
+
+def test_threads_that_left_leave_no_entry_behind() -> None:
+    from minato._util import user_code
+
+    def one_call() -> None:
+        with IN_USER_CODE, IN_USER_CODE:  # nested, as a dataset calling a collate
+            pass
+
+    threads = [threading.Thread(target=one_call) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not user_code._depth

@@ -31,7 +31,7 @@ DOOR_MAX_WAIT_S = 5.0
 # How often the forking thread looks again while threads are inside.
 _POLL_S = 0.0005
 
-# Thread ident -> how deep in the user's code it is (0: outside).
+# Thread ident -> how deep in the user's code it is (absent: outside).
 _depth: dict[int, int] = {}
 _door = threading.Event()
 _door.set()
@@ -51,7 +51,11 @@ class _InUserCode:
 
     def __exit__(self, *exc_info: object) -> None:
         ident = threading.get_ident()
-        _depth[ident] -= 1
+        depth = _depth[ident] - 1
+        if depth:
+            _depth[ident] = depth
+        else:  # no entry left behind by threads that end (the pool shrinks)
+            del _depth[ident]
 
 
 IN_USER_CODE = _InUserCode()
