@@ -262,9 +262,15 @@ def warm_up(modules: list[str] | None = None, dataset: Any = None) -> None:
     a fresh interpreter (``MINATO_FORK_SERVER=exec``) starts in the
     background. Asking again for modules already asked for does nothing."""
     global _warming_in
-    if dataset is not None and not exec_server_wanted() and not _zygote_running():
-        # Only what is registered before the fork is in the server's memory.
-        inherit.register(dataset)
+    forked = not exec_server_wanted()
+    if forked:
+        # Up on return, even where these modules were asked for before (a
+        # server that died since): auto pickles its workers' spec next.
+        if dataset is not None and not _zygote_running():
+            # Only what is registered before the fork is in the server's memory.
+            inherit.register(dataset)
+        with contextlib.suppress(Exception):  # reported when a worker process starts
+            _zygote_now()
     wanted = set(modules or ())
     with _zygote_start_lock:
         if _warming_in == os.getpid() and wanted <= _warming_modules:
@@ -273,12 +279,10 @@ def warm_up(modules: list[str] | None = None, dataset: Any = None) -> None:
             _warming_modules.clear()
         _warming_in = os.getpid()
         _warming_modules.update(wanted)
-    if not exec_server_wanted():
-        with contextlib.suppress(Exception):  # reported when a worker process starts
-            _zygote_now()
-    threading.Thread(
-        target=_warm, args=(modules or [],), name="minato fork server", daemon=True
-    ).start()
+    if wanted or not forked:  # imports to make, or a fresh interpreter to start
+        threading.Thread(
+            target=_warm, args=(modules or [],), name="minato fork server", daemon=True
+        ).start()
 
 
 # The process a warm-up was started in (a fork child starts its own), and

@@ -62,9 +62,9 @@ IN_USER_CODE = _InUserCode()
 
 
 def _others_inside(me: int) -> bool:
-    # list() copies the items in C, under the GIL: no thread adds a key
-    # meanwhile.
-    return any(depth for ident, depth in list(_depth.items()) if ident != me)
+    # A thread has an entry only while inside. list() copies the keys in C,
+    # under the GIL: no thread adds or removes one meanwhile.
+    return any(ident != me for ident in list(_depth))
 
 
 @contextlib.contextmanager
