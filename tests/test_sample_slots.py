@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -318,9 +320,12 @@ def test_held_samples_keep_their_values_and_every_slot_comes_back(operations) ->
             else:
                 del tensor
         elif operation[0] == "task":
+            # As a worker process does as each task arrives: an idle ring
+            # whose slots are all back gives its pages back.
             ring.give_back(leases.take_freed())
+            ring.task_begins()
         # Whatever the order, a sample still held keeps its value: its slot
-        # was never handed out again.
+        # was never handed out again, nor its pages given back.
         assert all(torch.all(tensor == expected) for expected, tensor in held)
         assert ring.segments * ring.segment_slots * ring.slot_bytes <= MAX_RING_BYTES
     held.clear()
@@ -329,6 +334,45 @@ def test_held_samples_keep_their_values_and_every_slot_comes_back(operations) ->
     # Every slot taken came back (exactly once: the ring would not hand a
     # slot out twice, test_a_ring_is_bounded_and_slots_are_never_handed_out_twice).
     assert ring.free == ring.segments * ring.segment_slots
+
+
+def _rings_mapped_here() -> tuple[int, int]:
+    """How many worker processes' ring segments this process maps, and how
+    many kB of them are resident here."""
+    mappings = resident = 0
+    ring = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                ring = "minato-slots" in line
+                mappings += ring
+            elif ring and line.startswith("Rss:"):
+                resident += int(line.split()[1])
+    return mappings, resident
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="no /proc here")
+def test_a_ring_left_idle_once_arenas_carry_the_samples_gives_its_pages_back() -> None:
+    # The first samples go through the rings (the loader learns their
+    # layout from them), the rest into their batches' arenas: the rings'
+    # pages, read here as the first batches were stacked, go back.
+    loader = minato.DataLoader(
+        Images(),
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        worker_method="multiprocessing",
+        persistent_workers=True,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        seen = sorted(int(image[0, 0, 0]) for images, _ in loader for image in images)
+        assert seen == list(range(160)), "every sample, whole, each epoch"
+        mappings, resident = _rings_mapped_here()
+        assert mappings > 0, "the first samples came through the rings"
+        if resident == 0:
+            break
+        assert time.monotonic() < deadline, f"{resident} kB of the rings still resident"
 
 
 def test_a_batch_stacked_from_slots_is_default_collates() -> None:

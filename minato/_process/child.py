@@ -126,6 +126,7 @@ def main(sock: socket.socket) -> None:
         except EOFError:
             return
         ring.give_back(freed)
+        ring.task_begins()
         if skip is not None:
             stream_skip.count = skip
         output: Any = run(epoch, task)

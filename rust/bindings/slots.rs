@@ -77,6 +77,19 @@ impl PySlotRing {
         self.ring.give_back(&slots, &unannounce);
     }
 
+    /// A new task begins, after its freed slots were given back: an idle
+    /// ring whose slots are all back gives its pages back to the system
+    /// (crate::wire::slots::IDLE_TASKS_BEFORE_RELEASE). Returns whether it did.
+    fn task_begins(&mut self) -> bool {
+        self.ring.task_begins()
+    }
+
+    /// Whether written slots' pages may still be resident.
+    #[getter]
+    fn holds_pages(&self) -> bool {
+        self.ring.holds_pages()
+    }
+
     #[getter]
     fn free(&self) -> usize {
         self.ring.free_slots()

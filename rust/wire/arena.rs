@@ -100,7 +100,7 @@ pub struct Arena {
 impl Arena {
     /// A new arena (all words open, generation 0), made by the loader.
     pub fn create(layout: ArenaLayout) -> std::io::Result<Arena> {
-        let segment = Segment::create(layout.size())?;
+        let segment = Segment::create(c"minato-arena", layout.size())?;
         Ok(Arena { segment, layout })
     }
 

@@ -19,7 +19,7 @@
 //! goes into fresh shared memory as before (minato/_process/ipc.py).
 
 use std::collections::HashMap;
-use std::ffi::c_void;
+use std::ffi::{c_void, CStr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
@@ -31,6 +31,12 @@ pub const SEGMENT_SLOTS: usize = 32;
 pub const MAX_RING_BYTES: usize = 64 << 20;
 /// A ring of fewer slots than this is not made (payloads that large go the old way).
 pub const MIN_SLOTS: usize = 4;
+/// Tasks in a row that wrote nothing into a ring, all its slots back, before
+/// its pages go back to the system: batch arenas carry the samples now (a
+/// ring filled by each worker's first task otherwise stays resident for
+/// nothing), or they have no large leaves. Not at once, so that a ring used
+/// every few tasks keeps its warm pages.
+pub const IDLE_TASKS_BEFORE_RELEASE: u32 = 4;
 const PAGE: usize = 4096;
 
 /// Shared memory, mapped readable and writable.
@@ -69,11 +75,12 @@ fn mmap_shared(fd: BorrowedFd<'_>, len: usize) -> std::io::Result<NonNull<u8>> {
 }
 
 impl Segment {
-    /// New shared memory of `len` bytes (zeroed), with its descriptor.
-    pub fn create(len: usize) -> std::io::Result<Segment> {
-        // SAFETY: the name is a NUL-terminated constant; the descriptor
-        // returned is new and owned here.
-        let fd = unsafe { libc::memfd_create(c"minato-slots".as_ptr(), libc::MFD_CLOEXEC) };
+    /// New shared memory of `len` bytes (zeroed), with its descriptor;
+    /// `name` is what /proc's maps show for it.
+    pub fn create(name: &CStr, len: usize) -> std::io::Result<Segment> {
+        // SAFETY: `name` is NUL-terminated (a CStr); the descriptor returned
+        // is new and owned here.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -114,6 +121,29 @@ impl Segment {
 
     pub fn fd(&self) -> Option<BorrowedFd<'_>> {
         self.fd.as_ref().map(AsFd::as_fd)
+    }
+
+    /// Gives the memory's pages back to the system, for every process that
+    /// maps it: a later read sees zeros, a later write faults a fresh page.
+    /// Only for memory nothing reads any more.
+    pub fn release_pages(&self) -> std::io::Result<()> {
+        let Some(fd) = &self.fd else {
+            return Err(std::io::Error::from(std::io::ErrorKind::Unsupported));
+        };
+        // SAFETY: punches a hole over the whole of the descriptor owned
+        // here; the mapping stays valid (its pages read as zeros).
+        let punched = unsafe {
+            libc::fallocate(
+                fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                self.len as libc::off_t,
+            )
+        };
+        if punched < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     pub fn len(&self) -> usize {
@@ -158,6 +188,12 @@ pub struct SlotRing {
     free: Vec<u32>,
     announced: Vec<bool>,
     unusable: bool,
+    /// A slot was taken since the last task began.
+    taken_this_task: bool,
+    /// Tasks in a row that took no slot.
+    idle_tasks: u32,
+    /// Slots were written since the pages last went back.
+    holds_pages: bool,
 }
 
 impl SlotRing {
@@ -171,6 +207,8 @@ impl SlotRing {
             return None;
         }
         let slot = self.free.pop()?;
+        self.taken_this_task = true;
+        self.holds_pages = true;
         let segment = slot as usize / self.segment_slots;
         let announce = if self.announced[segment] {
             None
@@ -194,7 +232,7 @@ impl SlotRing {
         if (self.segments.len() + 1) * segment_bytes > MAX_RING_BYTES {
             return false;
         }
-        let Ok(segment) = Segment::create(segment_bytes) else {
+        let Ok(segment) = Segment::create(c"minato-slots", segment_bytes) else {
             self.unusable = true; // no memfd here: payloads go the old way
             return false;
         };
@@ -255,6 +293,35 @@ impl SlotRing {
 
     pub fn free_slots(&self) -> usize {
         self.free.len()
+    }
+
+    /// A new task begins (its freed slots given back first). Once
+    /// [`IDLE_TASKS_BEFORE_RELEASE`] tasks in a row took no slot and every
+    /// slot is back, nothing can read the ring: its pages go back to the
+    /// system. Returns whether they did.
+    pub fn task_begins(&mut self) -> bool {
+        if self.taken_this_task {
+            self.idle_tasks = 0;
+        } else {
+            self.idle_tasks = self.idle_tasks.saturating_add(1);
+        }
+        self.taken_this_task = false;
+        let all_back = self.free.len() == self.segments.len() * self.segment_slots;
+        if !(self.holds_pages && all_back && self.idle_tasks >= IDLE_TASKS_BEFORE_RELEASE) {
+            return false;
+        }
+        // A segment that cannot punch keeps its pages, as before.
+        let mut released = true;
+        for segment in &self.segments {
+            released &= segment.release_pages().is_ok();
+        }
+        self.holds_pages = false;
+        released
+    }
+
+    /// Whether written slots' pages may still be resident.
+    pub fn holds_pages(&self) -> bool {
+        self.holds_pages
     }
 }
 
@@ -365,8 +432,53 @@ mod tests {
     }
 
     #[test]
+    fn a_ring_left_idle_gives_its_pages_back_once_every_slot_is_back() {
+        let mut ring = SlotRing::default();
+        let taken = ring.take(100_000).unwrap();
+        ring.bytes_mut(taken.slot, 100_000).fill(7);
+        let map = SlotMap::default();
+        let (fd, size) = ring.segment(0);
+        map.map(0, fd, size, ring.slot_bytes()).unwrap();
+        // Still viewed by the loader: kept, however long the ring idles.
+        for _ in 0..2 * IDLE_TASKS_BEFORE_RELEASE {
+            assert!(!ring.task_begins());
+        }
+        ring.give_back(&[taken.slot], &[]);
+        let (segment, offset) = map.locate(taken.slot, 100_000).unwrap();
+        // SAFETY: the slot's bytes lie inside the mapped segment.
+        let read = || unsafe { std::slice::from_raw_parts(segment.at(offset), 100_000) }.to_vec();
+        assert!(read().iter().all(|&byte| byte == 7));
+        // Idle tasks already counted: the next one releases.
+        assert!(ring.task_begins());
+        assert!(!ring.holds_pages());
+        assert!(read().iter().all(|&byte| byte == 0), "the pages went back");
+        assert!(!ring.task_begins(), "once");
+        // Taken again, the slot is written as before.
+        let again = ring.take(100_000).unwrap();
+        ring.bytes_mut(again.slot, 100_000).fill(9);
+        assert!(ring.holds_pages());
+        let (segment, offset) = map.locate(again.slot, 100_000).unwrap();
+        // SAFETY: as above.
+        let read = unsafe { std::slice::from_raw_parts(segment.at(offset), 100_000) };
+        assert!(read.iter().all(|&byte| byte == 9));
+    }
+
+    #[test]
+    fn a_ring_used_every_few_tasks_keeps_its_pages() {
+        let mut ring = SlotRing::default();
+        for task in 0..10 * IDLE_TASKS_BEFORE_RELEASE {
+            if task % IDLE_TASKS_BEFORE_RELEASE == 0 {
+                let taken = ring.take(10_000).unwrap();
+                ring.give_back(&[taken.slot], &[]);
+            }
+            assert!(!ring.task_begins(), "task {task}");
+        }
+        assert!(ring.holds_pages());
+    }
+
+    #[test]
     fn a_segment_shorter_than_announced_is_refused() {
-        let segment = Segment::create(PAGE).unwrap();
+        let segment = Segment::create(c"minato-slots", PAGE).unwrap();
         let map = SlotMap::default();
         assert!(map.map(0, segment.fd().unwrap(), 2 * PAGE, PAGE).is_err());
         assert!(map.map(0, segment.fd().unwrap(), PAGE, 100).is_err());
