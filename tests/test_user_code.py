@@ -3,10 +3,14 @@ forks its fork server (minato._util.user_code)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import warnings
+from typing import Any
 
 import pytest
+import torch.utils.data as tud
 
 from minato._util.user_code import IN_USER_CODE, out_of_user_code
 
@@ -84,3 +88,86 @@ def test_threads_that_left_leave_no_entry_behind() -> None:
     for thread in threads:
         thread.join()
     assert not user_code._depth
+
+
+def _locking_in_users_code(lock: threading.Lock, stop: threading.Event) -> threading.Thread:
+    """A minato-like worker thread: each call into the user's code holds
+    `lock` (a lock of the user's, a logging handler's) most of the time."""
+
+    def calls() -> None:
+        while not stop.is_set():
+            with IN_USER_CODE, lock:
+                time.sleep(0.002)
+
+    thread = threading.Thread(target=calls)
+    thread.start()
+    return thread
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_any_fork_waits_for_the_threads_inside_and_its_child_finds_their_lock_free() -> None:
+    # A fork made by the program itself (multiprocessing, a torch
+    # DataLoader's workers), not by minato: the child has only the forking
+    # thread, so a lock a thread held inside the user's code would be held
+    # in it for good.
+    lock, stop = threading.Lock(), threading.Event()
+    thread = _locking_in_users_code(lock, stop)
+    codes = []
+    try:
+        for _ in range(10):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # a fork beside threads
+                pid = os.fork()
+            if pid == 0:
+                os._exit(0 if lock.acquire(blocking=False) else 1)
+            codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    finally:
+        stop.set()
+        thread.join()
+    assert codes == [0] * 10
+
+
+class _UnderLock(tud.Dataset):
+    """Each sample takes `lock` for a moment, as a dataset's shared cache would."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> int:
+        with self.lock:
+            time.sleep(0.002)
+        return index
+
+
+def test_a_torch_loaders_workers_forked_beside_minatos_threads_find_the_lock_free() -> None:
+    # minato's loader runs the dataset on threads while torch's DataLoader
+    # (an evaluation loader, a library's) forks its workers: they need the
+    # same lock, which none of minato's threads holds at the fork.
+    import minato
+
+    lock = threading.Lock()
+    dataset = _UnderLock(lock)
+    stop = threading.Event()
+    minato_loader = minato.DataLoader(dataset, batch_size=4, num_workers=4, worker_method="thread")
+
+    def train() -> None:
+        while not stop.is_set():
+            for _ in minato_loader:
+                if stop.is_set():
+                    break
+
+    training = threading.Thread(target=train)
+    training.start()
+    try:
+        for _ in range(3):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                # timeout: a worker that inherited the lock held would never answer.
+                evaluation = tud.DataLoader(dataset, batch_size=8, num_workers=2, timeout=20)
+                assert [int(i) for batch in evaluation for i in batch] == list(range(64))
+    finally:
+        stop.set()
+        training.join()

@@ -72,12 +72,7 @@ from minato._task.error import WorkerError
 from minato._task.failures import SampleFailure, Skipped
 from minato._task.runner import EXHAUSTED, WorkerSpec
 from minato._util.memory import give_back_freed_memory
-from minato._util.user_code import out_of_user_code
-
-# How long the fork server's fork waits at most for minato's worker threads
-# to leave the user's code (their samples' time, once); then it forks anyway,
-# as torch forks its workers beside whatever other threads run.
-FORK_QUIET_BOUND_S = 0.1
+from minato._util.user_code import FORK_QUIET_BOUND_S, out_of_user_code
 
 
 class _ForkedServer:

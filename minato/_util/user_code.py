@@ -6,10 +6,13 @@ worker thread caught inside the user's ``__getitem__`` or ``collate_fn``
 with the GIL released (reading a file, importing a module lazily, holding a
 lock of the user's) leaves that state half done in the child: a module
 half imported, a lock held for good by a thread the child does not have.
-torch forks its workers before they run any of the dataset; minato forks its
-fork server once auto's measurements point to processes, while its worker
-threads load. So the fork waits, a bounded time, for every worker thread to
-leave the user's code, and holds new tasks at the door until it is done.
+torch forks its workers before they run any of the dataset, and a training
+process with torch's loader runs no dataset code beside a fork of its own.
+minato forks its fork server once auto's measurements point to processes,
+while its worker threads load, and a program may fork beside minato's
+threads too (a torch DataLoader's workers, multiprocessing). So every fork
+in the process waits, a bounded time, for minato's worker threads to leave
+the user's code, and holds new tasks at the door until it is done.
 
 Each thread counts only its own depth: a dict store of its own key, atomic
 under the GIL. A thread between the door and its count holds the GIL or
@@ -30,6 +33,10 @@ from collections.abc import Iterator
 DOOR_MAX_WAIT_S = 5.0
 # How often the forking thread looks again while threads are inside.
 _POLL_S = 0.0005
+# How long any fork waits at most for the threads inside to leave (their
+# samples' time, once); then it forks anyway, as torch forks its workers
+# beside whatever other threads run.
+FORK_QUIET_BOUND_S = 0.1
 
 # Thread ident -> how deep in the user's code it is (absent: outside).
 _depth: dict[int, int] = {}
@@ -67,20 +74,37 @@ def _others_inside(me: int) -> bool:
     return any(ident != me for ident in list(_depth))
 
 
+def _close_and_wait(bound: float) -> bool:
+    """Closes the door to the user's code and waits up to `bound` seconds
+    (the GIL released) for minato's threads inside to leave; returns whether
+    none is left inside."""
+    me = threading.get_ident()
+    _door.clear()
+    deadline = time.monotonic() + bound
+    while _others_inside(me) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+    return not _others_inside(me)
+
+
 @contextlib.contextmanager
 def out_of_user_code(bound: float) -> Iterator[bool]:
     """Closes the door to the user's code and waits up to `bound` seconds
-    (the GIL released) for minato's threads inside to leave; yields whether
-    none is left inside, then reopens the door."""
-    me = threading.get_ident()
-    _door.clear()
+    for minato's threads inside to leave; yields whether none is left
+    inside, then reopens the door."""
     try:
-        deadline = time.monotonic() + bound
-        while _others_inside(me) and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
-        yield not _others_inside(me)
+        yield _close_and_wait(bound)
     finally:
         _door.set()
+
+
+def _before_any_fork() -> None:
+    # Inside a fork made in a `with out_of_user_code(...)` (minato's own),
+    # the door is closed and no thread inside already: no wait.
+    _close_and_wait(FORK_QUIET_BOUND_S)
+
+
+def _reopen_in_parent() -> None:
+    _door.set()
 
 
 def _start_over_in_child() -> None:
@@ -97,4 +121,8 @@ def _start_over_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
-    os.register_at_fork(after_in_child=_start_over_in_child)
+    os.register_at_fork(
+        before=_before_any_fork,
+        after_in_parent=_reopen_in_parent,
+        after_in_child=_start_over_in_child,
+    )
