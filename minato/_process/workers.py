@@ -111,7 +111,10 @@ def _fork_server(theirs: socket.socket) -> _ForkedServer:
     """Forks this process into the fork server, serving `theirs`."""
     keep = theirs.fileno()
     # Auto forks it while its worker threads load: none is left inside the
-    # user's code, half done, in the server (minato._util.user_code).
+    # user's code, half done, in the server (minato._util.user_code). Every
+    # fork waits so (its at-fork hook); waiting here, before the warnings
+    # filters are swapped, keeps that window to the fork itself, and the
+    # hook then finds no thread inside.
     with out_of_user_code(FORK_QUIET_BOUND_S), warnings.catch_warnings():
         # Python warns of forking a process with threads; the child runs
         # only the fork server's loop and what its workers are sent.

@@ -84,12 +84,6 @@ impl PySlotRing {
         self.ring.task_begins()
     }
 
-    /// Whether written slots' pages may still be resident.
-    #[getter]
-    fn holds_pages(&self) -> bool {
-        self.ring.holds_pages()
-    }
-
     #[getter]
     fn free(&self) -> usize {
         self.ring.free_slots()
