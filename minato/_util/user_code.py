@@ -15,9 +15,9 @@ in the process waits, a bounded time, for minato's worker threads to leave
 the user's code, and holds new tasks at the door until it is done.
 
 Each thread counts only its own depth: a dict store of its own key, atomic
-under the GIL. A thread between the door and its count holds the GIL or
-waits for it, at a bytecode boundary, outside the user's code: nothing of
-it is half done in the child.
+under the GIL. A thread entering counts itself, then looks at the door; a
+fork closes the door, then looks for threads inside: whichever comes
+second sees the other, so no thread enters unseen while a fork waits.
 """
 
 from __future__ import annotations
@@ -51,10 +51,23 @@ class _InUserCode:
     __slots__ = ()
 
     def __enter__(self) -> None:
-        if not _door.is_set():
-            _door.wait(DOOR_MAX_WAIT_S)
         ident = threading.get_ident()
-        _depth[ident] = _depth.get(ident, 0) + 1
+        depth = _depth.get(ident, 0)
+        if depth:  # inside already: a fork waits for this thread anyway
+            _depth[ident] = depth + 1
+            return
+        held_until = time.monotonic() + DOOR_MAX_WAIT_S
+        while True:
+            if not _door.is_set():
+                _door.wait(max(0.0, held_until - time.monotonic()))
+            # Counted first, then the door looked at again: a fork that
+            # closed it since the first look may have found no thread
+            # inside and fork at any moment, so this one steps back out
+            # and waits. (The fork closes the door first, then looks.)
+            _depth[ident] = 1
+            if _door.is_set() or time.monotonic() >= held_until:
+                return
+            del _depth[ident]
 
     def __exit__(self, *exc_info: object) -> None:
         ident = threading.get_ident()
