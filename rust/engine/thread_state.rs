@@ -178,19 +178,29 @@ mod tests {
     fn a_worker_waiting_on_its_computing_process_is_computing() {
         use std::process::Command;
 
-        // A process that computes, and one that sleeps.
+        // A process that computes, and one that sleeps. The spinning one
+        // says when it runs: on a loaded machine its exec can sit in
+        // uninterruptible sleep (state D) for seconds.
         let mut spinning = Command::new("sh")
-            .args(["-c", "while :; do :; done"])
+            .args(["-c", "echo started; while :; do :; done"])
+            .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let mut sleeping = Command::new("sleep").arg("5").spawn().unwrap();
+        let mut started = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(spinning.stdout.take().unwrap()),
+            &mut started,
+        )
+        .unwrap();
+        assert_eq!(started, "started\n");
+        let mut sleeping = Command::new("sleep").arg("120").spawn().unwrap();
         let sites = std::thread::spawn(move || {
             assert!(!computes_in(Some(spinning.id())), "not yet a worker");
             let site = WorkerSite::register_current();
             // The thread itself waits (here: runs this check).
             assert!(computes_in(Some(spinning.id())));
             let mut computing = Vec::new();
-            let deadline = Instant::now() + Duration::from_secs(5);
+            let deadline = Instant::now() + Duration::from_secs(60);
             while site.is_computing() != Some(true) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -198,7 +208,11 @@ mod tests {
             // What the kernel said of the spinning process, should it fail.
             let spinning_stat = std::fs::read_to_string(format!("/proc/{}/stat", spinning.id()));
             assert!(computes_in(Some(sleeping.id())));
-            std::thread::sleep(Duration::from_millis(50));
+            // The sleeper runs only until its exec reaches the sleep.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while site.is_computing() != Some(false) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
             computing.push(site.is_computing());
             let _ = spinning.kill();
             let _ = spinning.wait();
