@@ -1589,8 +1589,10 @@ def test_a_dataset_that_computes_without_the_gil_tries_processes_in_its_first_ep
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Where its threads leave cores free (on this machine's two cores they
-    # keep both busy, and stay: see the cores-busy test above).
+    # keep both busy, and stay: see the cores-busy test above), and no other
+    # process takes them (a loaded CI machine's threads wait for a core).
     monkeypatch.setattr(_worker_method, "CORES_BUSY", 2.0)
+    monkeypatch.setattr(_worker_method, "NO_SPARE_CORE_RUNNABLE", float("inf"))
     loader = minato.DataLoader(
         Hashes(), batch_size=8, shuffle=True, num_workers=2, persistent_workers=True
     )
