@@ -408,11 +408,17 @@ def test_a_bound_method_worker_init_fn_sets_up_the_workers_own_copy(
             **options,
         )
         results[loader_type] = [(ids.tolist(), sample.tolist()) for ids, sample in loader]
+    # Threads the adaptive pool adds (a loaded machine starves the loop), and
+    # those that stand in for a slow sample, take new worker ids from
+    # num_workers upwards.
+    stats = loader.stats()
+    only_the_first = len(stats.worker_history) == 1 and stats.slow_samples == 0
+    bound = num_workers if only_the_first else float("inf")
     for ours, theirs in zip(results[minato.DataLoader], results[tud.DataLoader], strict=True):
         ids, sample = ours
         assert sample == theirs[1]
         # A whole batch from one worker, set up by its own worker_init_fn.
-        assert len(set(ids)) == 1 and 0 <= ids[0] < num_workers
+        assert len(set(ids)) == 1 and 0 <= ids[0] < bound
     assert dataset.worker_id is None  # the caller's dataset was never set up
 
 
