@@ -199,21 +199,20 @@ mod tests {
             let site = WorkerSite::register_current();
             // The thread itself waits (here: runs this check).
             assert!(computes_in(Some(spinning.id())));
-            let mut computing = Vec::new();
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while site.is_computing() != Some(true) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            computing.push(site.is_computing());
+            // The state read once it reads `expected`, or after a minute.
+            let settled = |expected: bool| {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while site.is_computing() != Some(expected) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                site.is_computing()
+            };
+            let mut computing = vec![settled(true)];
             // What the kernel said of the spinning process, should it fail.
             let spinning_stat = std::fs::read_to_string(format!("/proc/{}/stat", spinning.id()));
             assert!(computes_in(Some(sleeping.id())));
             // The sleeper runs only until its exec reaches the sleep.
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while site.is_computing() != Some(false) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            computing.push(site.is_computing());
+            computing.push(settled(false));
             let _ = spinning.kill();
             let _ = spinning.wait();
             let _ = sleeping.kill();
