@@ -121,6 +121,16 @@ for _method, _workers in (("thread", 2), ("thread", 4), ("multiprocessing", 2)):
         "options": {"worker_method": _method, "num_workers": _workers, "adaptive": False},
     }
 
+# Whole batches (in order, no sample timeout) draw what the same samples
+# draw loaded one by one, and so does a collate that draws.
+for _method in ("thread", "multiprocessing"):
+    for _mixup in (False, True):
+        _CASES[f"{_method} whole batches{' mixup' if _mixup else ''}"] = {
+            "loader": "minato",
+            "mixup": _mixup,
+            "options": {"worker_method": _method, "in_order": True, "sample_timeout": None},
+        }
+
 
 def test_a_seeded_run_repeats_itself_on_every_path() -> None:
     first, second = _run(_CASES), _run(_CASES)

@@ -31,7 +31,7 @@ from torch.utils.data._utils.pin_memory import pin_memory
 from minato._loader.device import Failure
 from minato._process.ipc import open_samples
 from minato._task.error import WorkerError
-from minato._task.seed import SampleRun
+from minato._task.seed import SampleRun, collate_run
 from minato._thread.generators import ThreadGenerator, bound_to, worker_rng_generators
 from minato._thread.torch_threads import limit_thread_intra_op
 from minato._util.user_code import IN_USER_CODE
@@ -39,11 +39,6 @@ from minato._util.user_code import IN_USER_CODE
 # The collating generators are made as a worker with this id would have
 # them: above any pool's size, so never a worker's seed.
 COLLATE_THREAD_SEED_ID = 1 << 20
-# A batch's collate draws from seeds of their own: the epoch's seed mixed
-# with this, at the batch's first sample's position (a sample's draws use
-# the epoch's seed itself, minato._task.seed).
-COLLATE_SEED_SALT = 0x636F_6C6C_6174_6521
-_MASK = (1 << 64) - 1
 
 
 class EpochSeed:
@@ -64,7 +59,7 @@ class EpochSeed:
         seed = self.seed
         if seed is None or not tags:
             return None
-        return SampleRun((seed ^ COLLATE_SEED_SALT) & _MASK, [tags[0]], None)
+        return collate_run(seed, tags[0], None)
 
 
 PIN_WHERE = "while pinning a batch in a DataLoader worker thread"

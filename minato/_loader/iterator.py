@@ -466,6 +466,9 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         epoch_rng = capture_epoch_rng(loader)
         super()._reset(loader, first_iter)
+        # Decided as each epoch starts: a batch sampler swapped in since is the user's.
+        own_batches = self._auto_collation and loader._batches_from_own_sampler()
+        self._samples_per_batch: int | None = loader.batch_size if own_batches else None
         self._begin_epoch(loader, epoch_rng, samples=self._samples_reordered())
         if self._engine is None:
             # First epoch, or a persistent iterator whose workers were stopped
@@ -509,7 +512,10 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
     def _submit(self, engine: Any, tags: list[int], index: Any) -> bool:
         count = sample_count(index, self._auto_collation)
         if tags:
-            index = (tags[0], index, self._epoch_seed())
+            # Batch k of torch's BatchSampler holds the epoch's samples from
+            # k * batch_size on: each draws as it would loaded on its own.
+            size = self._samples_per_batch
+            index = (tags[0], index, self._epoch_seed(), None if size is None else tags[0] * size)
         return bool(engine.submit(index, count))
 
     def _epoch_seed(self) -> int | None:

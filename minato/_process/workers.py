@@ -726,7 +726,7 @@ class _Remote:
                 else:
                     failed.append((tag, self._wrapper(error, index)))
             return failed
-        tag, index, _ = (self.worker_id, None, None) if spec.is_iterable else task
+        tag, index = (self.worker_id, None) if spec.is_iterable else task[:2]
         if spec.skip_errors:
             indices = index if spec.auto_collation and index is not None else [index]
             failures = [SampleFailure(i, self.worker_id, "RuntimeError", message) for i in indices]

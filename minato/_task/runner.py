@@ -29,7 +29,7 @@ from minato._task.failures import (
     next_skipping,
     split_failures,
 )
-from minato._task.seed import SampleRun
+from minato._task.seed import SampleRun, collate_run
 from minato._util.user_code import IN_USER_CODE
 
 if TYPE_CHECKING:
@@ -98,10 +98,13 @@ def make_runner(
 
     A map-style task carries its epoch's seed (None where workers keep
     their own streams: batches dealt in turn): the worker's generators are
-    then seeded for each sample (each batch, loading whole batches) from it
-    and the sample's position (see minato._task.seed): `begin_run` hands
-    them each task's `SampleRun`, and `eager_seed`, where given, seeds them
-    as each sample starts."""
+    then seeded for each sample from it and the sample's position (see
+    minato._task.seed), and for a drawing collate from the batch's own
+    seed: a whole batch draws what its samples loaded one by one would
+    draw. A whole batch of a batch sampler of the user's (whose batches'
+    sizes vary: no sample's position is known) draws from the batch's seed.
+    `begin_run` hands them each task's `SampleRun`, and `eager_seed`, where
+    given, seeds them as each sample starts."""
     # As in torch: a failing worker_init_fn (or iter(dataset)) is
     # reported as the result of the worker's first task.
     init_error: ExceptionWrapper | None = None
@@ -127,18 +130,32 @@ def make_runner(
             )
         return None
 
+    def seed_collate(run: SampleRun) -> None:
+        begin_run(run)
+        if eager_seed is not None:
+            eager_seed(run)
+
     def run(epoch: int, task: Any) -> Any:
-        tag, index, key = (worker_id, task, None) if spec.is_iterable else task
+        tag, index, key, first = (worker_id, task, None, None) if spec.is_iterable else task
         error = failure()
         if error is not None:
             return tag, error
         assert fetcher is not None
-        sample_run = None if key is None else SampleRun(key, [tag], eager_seed)
-        begin_run(sample_run)
+        batch_run = per_sample = None
+        if key is not None and first is None:
+            batch_run = SampleRun(key, [tag], eager_seed)
+        elif key is not None:
+            count = sample_count(index, spec.auto_collation)
+            per_sample = SampleRun(key, list(range(first, first + count)), eager_seed)
+        begin_run(batch_run or per_sample)
         with own_generator, IN_USER_CODE:
-            if sample_run is not None and eager_seed is not None:
-                eager_seed(sample_run)  # the whole batch draws from the batch's seed
-            output = fetcher.fetch(epoch, index)
+            if batch_run is not None and eager_seed is not None:
+                eager_seed(batch_run)  # the whole batch draws from the batch's seed
+            if per_sample is None:
+                output = fetcher.fetch(epoch, index)
+            else:
+                collating = collate_run(key, first, eager_seed)
+                output = fetcher.fetch(epoch, index, per_sample, lambda: seed_collate(collating))
         return output if output is EXHAUSTED else (tag, output)
 
     def run_samples(epoch: int, tagged: list[tuple[int, Any, Any]]) -> list[tuple[int, Any]]:
@@ -170,39 +187,68 @@ class _MapFetcher:
         getitems = getattr(dataset, "__getitems__", None)
         self.getitems = getitems if getitems else None
 
-    def fetch(self, epoch: int, index: Any) -> Any:
+    def fetch(
+        self,
+        epoch: int,
+        index: Any,
+        run: SampleRun | None = None,
+        seed_collate: Callable[[], None] | None = None,
+    ) -> Any:
+        """Loads and collates a whole batch. `run`: each sample's seeding,
+        moved on before each sample (a ``__getitems__`` call is seeded for
+        its first); `seed_collate` seeds the collate's draws."""
         if self.skip_errors:
-            return self._fetch_skipping(index)
+            return self._fetch_skipping(index, run, seed_collate)
         dataset = self.dataset
         if not self.auto_collation:
+            if run is not None and run.eager is not None:
+                run.eager(run)
             try:
                 data = dataset[index]
             except Exception:
                 return WorkerError(where=_where(self.worker_id, index))
         elif self.getitems is not None:
+            if run is not None and run.eager is not None:
+                run.eager(run)
             try:
                 data = self.getitems(index)
             except Exception:
                 return WorkerError(where=_where(self.worker_id, index))
         else:
             data = []
-            for i in index:
+            for ordinal, i in enumerate(index):
+                if run is not None:
+                    run.at = ordinal
+                    if run.eager is not None:
+                        run.eager(run)
                 try:
                     data.append(dataset[i])
                 except Exception:
                     return WorkerError(where=_where(self.worker_id, i))
-        return self._collate(data, index, [])
+        return self._collate(data, index, [], seed_collate)
 
-    def _fetch_skipping(self, index: Any) -> Any:
+    def _fetch_skipping(
+        self, index: Any, run: SampleRun | None, seed_collate: Callable[[], None] | None
+    ) -> Any:
         indices = index if self.auto_collation else [index]
-        loaded = load_skipping(self.dataset, self.getitems, indices, self.worker_id)
+        loaded = load_skipping(self.dataset, self.getitems, indices, self.worker_id, run)
         data, failures = split_failures(loaded)
         if not data:
             return 0, None, failures
-        return self._collate(data if self.auto_collation else data[0], index, failures)
+        return self._collate(
+            data if self.auto_collation else data[0], index, failures, seed_collate
+        )
 
-    def _collate(self, data: Any, index: Any, failures: list[SampleFailure]) -> Any:
+    def _collate(
+        self,
+        data: Any,
+        index: Any,
+        failures: list[SampleFailure],
+        seed_collate: Callable[[], None] | None = None,
+    ) -> Any:
         try:
+            if seed_collate is not None:
+                seed_collate()
             batch = self.collate_fn(data)
         except Exception:
             return WorkerError(where=_where(self.worker_id, index, collating=True))

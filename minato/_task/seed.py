@@ -5,7 +5,7 @@ batches to them in turn: a seeded run repeats. minato's worker threads (and
 processes) take whichever task is next, the adaptive pool adds workers,
 and ``worker_method="auto"`` may move them to processes: a sample's draws
 would depend on which worker ran it, that is, on timing. So for each sample
-(each batch, where a worker loads whole batches) the worker's process-wide
+(each batch of a batch sampler of the user's) the worker's process-wide
 generators — torch's, ``random``'s and numpy's legacy ones, which a worker
 process's dataset, transforms and ``collate_fn`` draw from — are seeded from
 the epoch's seed and the sample's position in the epoch (the seeds are
@@ -34,6 +34,10 @@ import torch
 from minato._minato import _epoch_seed, _sample_seed
 
 _MASK = (1 << 64) - 1
+# A batch's collate draws from seeds of their own: the epoch's seed mixed
+# with this, at the batch's first sample's position (a sample's draws use
+# the epoch's seed itself).
+COLLATE_SEED_SALT = 0x636F_6C6C_6174_6521
 
 
 class SampleRun:
@@ -56,6 +60,16 @@ class SampleRun:
     def seed(self) -> int:
         """The seed of the sample being loaded."""
         return _sample_seed(self.key, self.positions[self.at])
+
+
+def collate_run(
+    key: int, first_position: int, eager: Callable[[SampleRun], None] | None
+) -> SampleRun:
+    """The draws of the collate of a batch whose first sample is at
+    `first_position` in the epoch of seed `key`: the same wherever the batch
+    is collated (a worker thread or process that loaded it whole, or the
+    thread that assembled it from single samples)."""
+    return SampleRun((key ^ COLLATE_SEED_SALT) & _MASK, [first_position], eager)
 
 
 def epoch_seed(base_seed: int, epoch: int) -> int:
