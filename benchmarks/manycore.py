@@ -20,7 +20,10 @@ and, for minato, the GIL takes its bindings count per batch
 (rust/bindings/gil_takes.rs: a task entering Python, a collate, each
 return from a GIL-free wait; Python's own hand-overs are not seen), and
 how it ran: the worker method and the pool's size at the end (from
-``stats()``; the defaults choose both, and say why on the line below).
+``stats()``; the defaults choose both, and say why on the line below), and
+whether it loaded whole batches. "minato defaults, second epoch" times the
+same loader's second epoch: after an epoch on single samples that moved
+none, the defaults load whole batches (minato._loader.whole_batches).
 
     python benchmarks/manycore.py [--workers 16 --sleep-ms 3] [--batch 64]
         [--busy [--busy-at-workers-nice]]
@@ -70,15 +73,19 @@ def _self_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-#: How the last minato loader `measure` ran: (worker method, final pool, why).
-last_run: tuple[str, int, str] | None = None
+#: How the last minato loader `measure` ran: (worker method, final pool, why,
+#: whether its defaults chose whole batches).
+last_run: tuple[str, int, str, str] | None = None
 
 
-def measure(make_loader) -> tuple[float, float, float]:
+def measure(make_loader, after_epochs: int = 0) -> tuple[float, float, float]:
     """(samples/s, CPU seconds per sample, minato's GIL takes per batch)
-    after the first batches."""
+    after the first batches (of the epoch after `after_epochs` whole ones)."""
     global last_run
     loader = make_loader()
+    for _ in range(after_epochs):
+        for _ in loader:
+            pass
     iterator = iter(loader)
     for _ in range(WARM_BATCHES):
         next(iterator)
@@ -94,7 +101,8 @@ def measure(make_loader) -> tuple[float, float, float]:
     if stats is not None:
         # The pool is shut down after the epoch: its last size is history.
         history = stats.worker_history or [(0.0, stats.workers)]
-        last_run = (stats.worker_method, history[-1][1], stats.worker_method_reason or "")
+        loading = "whole batches" if stats.whole_batches_reason else "as configured"
+        last_run = (stats.worker_method, history[-1][1], stats.worker_method_reason or "", loading)
     del iterator, loader
     return samples / elapsed, cpu / max(samples, 1), takes / max(batches, 1)
 
@@ -103,6 +111,9 @@ def systems(workers: int) -> dict[str, dict]:
     return {
         "torch's DataLoader (processes)": {"torch": True},
         "minato defaults": {},
+        # The same loader's second epoch: an epoch on single samples that
+        # moved none is followed by whole batches (minato._loader.whole_batches).
+        "minato defaults, second epoch": {"after_epochs": 1},
         "minato sample-level threads, fixed pool": {"worker_method": "thread", "adaptive": False},
         "minato sample-level threads, adaptive pool": {"worker_method": "thread"},
         "minato whole batches, threads": {
@@ -170,6 +181,7 @@ def main() -> None:
                 continue
             options = dict(options)
             use_torch = options.pop("torch", False)
+            after_epochs = options.pop("after_epochs", 0)
             loader_type = tud.DataLoader if use_torch else minato.DataLoader
 
             def make(loader_type=loader_type, options=options):
@@ -187,10 +199,10 @@ def main() -> None:
                     nice = worker_nice_value(options.get("worker_nice", DEFAULT_WORKER_NICE)) or 0
                 for spinner in spinners:
                     os.setpriority(os.PRIO_PROCESS, spinner.pid, nice)
-            rate, cpu, takes = measure(make)
+            rate, cpu, takes = measure(make, after_epochs)
             gil = "" if use_torch else f"  {takes:6.1f} GIL takes/batch"
             if last_run is not None:
-                gil += f"  {last_run[0]}, {last_run[1]} at the end"
+                gil += f"  {last_run[0]}, {last_run[1]} at the end, {last_run[3]}"
                 if last_run[2].startswith("auto"):
                     gil += f"\n      ({last_run[2]})"
             print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import weakref
 from collections.abc import Callable, Iterable
@@ -16,9 +17,11 @@ from minato._loader.iterator import (
     _CallingThreadDataLoaderIter,
     _SampleDataLoaderIter,
     _ThreadDataLoaderIter,
+    _WholeBatchDataLoaderIter,
 )
 from minato._loader.resume import LoaderProgress
 from minato._loader.stats import LoaderStats, StatsRecorder
+from minato._loader.whole_batches import WholeBatchChoice
 from minato._process.method import WorkerMethod, check_worker_method
 from minato._process.workers import exec_server_wanted, warm_up
 from minato._task.failures import check_failure_options
@@ -291,6 +294,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._stats_recorder = StatsRecorder()
         self._stats_recorder.method = self._worker_method if num_workers > 0 else None
         self._progress = LoaderProgress()
+        self._whole_batches = WholeBatchChoice()
+        # (base seed, epochs begun) of a persistent iterator replaced, for its successor.
+        self._carried_iteration: tuple[int, int] | None = None
         # The state_dict() last returned, and the loader a library rebuilt
         # this one as (minato._integrations.transformers reads both).
         self._last_state_dict: dict[str, Any] | None = None
@@ -324,6 +330,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         state["_worker_method"] = method
         state["_stats_recorder"] = recorder
         state["_progress"] = self._progress.fresh_copy()
+        state["_whole_batches"] = WholeBatchChoice()
+        state["_carried_iteration"] = None
         state["_last_state_dict"] = None
         state["_last_state_taken"] = 0
         state["_rebuilt_as"] = None
@@ -387,7 +395,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def stats(self) -> LoaderStats:
         """Where the time went since this loader was first iterated."""
-        return self._stats_recorder.snapshot()
+        snapshot = self._stats_recorder.snapshot()
+        return dataclasses.replace(snapshot, whole_batches_reason=self._whole_batches.reason)
 
     def effective_max_workers(self) -> int:
         """The adaptive pool's bound: ``max_workers``, or its default."""
@@ -439,6 +448,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if isinstance(iterator, _ThreadDataLoaderIter) and iterator.kind != self._iterator_kind():
             self._iterator = None
             iterator._shutdown(0.0)
+            # The new one goes on with its seeds, drawing none of its own.
+            self._carried_iteration = iterator.carried()
         return super().__iter__()
 
     def _iterator_kind(self) -> tuple[type, bool]:
@@ -447,6 +458,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if self.num_workers == 0:
             return _CallingThreadDataLoaderIter, True
         if self._reorders_samples():
+            # A loaded mid-epoch state is resumed as it was loaded; the
+            # loader's next epochs choose afresh (minato._loader.whole_batches).
+            loaded = self._progress.loaded_samples()
+            whole = self._whole_batches.wanted(self) if loaded is None else not loaded
+            if whole:
+                return _WholeBatchDataLoaderIter, True
             return _SampleDataLoaderIter, False
         # A user's batch_sampler decides each batch's composition, an
         # iterable dataset's workers decide theirs: only whole batches move.

@@ -9,6 +9,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.collate import default_collate
 from torch.utils.data.dataloader import (
@@ -22,6 +23,7 @@ from minato._loader.collate_stage import EpochSeed, draws_no_random, sample_coll
 from minato._loader.device import DeviceStage, Failure, HostBatch
 from minato._loader.resume import EpochStream, IterableStream, capture_epoch_rng
 from minato._loader.stats import StatsRecorder
+from minato._loader.whole_batches import StallWatch
 from minato._loader.workers import worker_factory
 from minato._minato import (
     ArenaPool,
@@ -348,7 +350,15 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         self._trim_after: float | None = None
         # Set in a fork child whose parent ran this iterator's workers.
         self._workers_in_parent = False
+        carried, loader._carried_iteration = loader._carried_iteration, None
+        generator = loader.generator if loader.generator is not None else torch.default_generator
+        drawn_from = generator.get_state() if carried is not None else None
         super().__init__(loader)
+        if carried is not None:
+            # In place of a persistent iterator that no longer fitted: torch
+            # would have gone on with that one, drawing no base seed again.
+            generator.set_state(drawn_from)
+            self._base_seed, self._epochs_begun = carried
         # The loader, to start workers again in a fork child. A persistent
         # iterator is held by its loader: a strong reference back would make
         # a cycle that only the garbage collector frees, workers running
@@ -358,6 +368,11 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         )
         self._init_delivery(loader)
         self._reset(loader, first_iter=True)
+
+    def carried(self) -> tuple[int, int]:
+        """What an iterator replacing this persistent one goes on from: its
+        base seed and the epochs it began."""
+        return int(self._base_seed), getattr(self, "_epochs_begun", 0)
 
     @property
     def kind(self) -> tuple[type, bool]:
@@ -463,6 +478,9 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
     def _samples_reordered(self) -> bool:
         return False
 
+    def _epoch_completed(self) -> None:
+        """The epoch's every batch was delivered."""
+
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         epoch_rng = capture_epoch_rng(loader)
         super()._reset(loader, first_iter)
@@ -542,6 +560,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
                 self._submit_ready()
                 if self._engine.pending():
                     continue
+                self._epoch_completed()
                 if not self._persistent_workers:
                     self._shutdown(SHUTDOWN_GRACE_S)
                 raise
@@ -712,6 +731,31 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         self._shutdown(SHUTDOWN_GRACE_S)
 
 
+class _WholeBatchDataLoaderIter(_ThreadDataLoaderIter):
+    """A reordering loader's whole batches, in order, once an epoch of single
+    samples moved none (see minato._loader.whole_batches): the same batches
+    and draws, at a task per batch. A wait on a batch as long as a late
+    sample would have made sends the loader's next epochs back to single
+    samples."""
+
+    def __init__(self, loader: DataLoader, *, in_order: bool = True) -> None:
+        super().__init__(loader, in_order=True)
+
+    def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
+        # Until every worker delivered its first batch, waits are their start.
+        self._stall_watch = StallWatch(settling=loader.num_workers)
+        super()._reset(loader, first_iter)
+
+    def _report(self, samples: int, waited: float) -> None:
+        super()._report(samples, waited)
+        watch = self._stall_watch
+        if watch.may_stall(waited):
+            fetch_p50 = self._recorder.snapshot().fetch_p50
+            loader = self._loader()
+            if loader is not None and watch.stalls(waited, samples, fetch_p50):
+                loader._whole_batches.stalled(waited)
+
+
 class _SampleDataLoaderIter(_ThreadDataLoaderIter):
     """Builds each batch from whichever samples are ready first.
 
@@ -795,11 +839,6 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             shutdown_grace=SHUTDOWN_GRACE_S,
         )
 
-    def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
-        super()._reset(loader, first_iter)
-        if self._method.processes:
-            self._on_processes()
-
     def _on_processes(self) -> None:
         super()._on_processes()
         if isinstance(self._engine, SampleEngine):
@@ -840,6 +879,21 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
 
     def _samples_reordered(self) -> bool:
         return True
+
+    def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
+        moved_before = self._recorder.snapshot().moved_samples
+        self._epoch_start = (moved_before, self._recorder.batches)
+        super()._reset(loader, first_iter)
+        if self._method.processes:
+            self._on_processes()
+
+    def _epoch_completed(self) -> None:
+        loader = self._loader()
+        if loader is None or not loader._whole_batches.eligible(loader):
+            return
+        moved_before, batches_before = self._epoch_start
+        moved = self._recorder.snapshot().moved_samples - moved_before
+        loader._whole_batches.samples_epoch_ended(moved, self._recorder.batches - batches_before)
 
     def _submit_next(self, engine: Any) -> bool:
         # The ledger hands the batch's samples out at their positions (in

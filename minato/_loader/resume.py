@@ -342,6 +342,12 @@ class LoaderProgress:
         """Whether a mid-epoch state was loaded and no epoch began since."""
         return self._resume is not None
 
+    def loaded_samples(self) -> bool | None:
+        """Whether the loaded mid-epoch state's epoch ran on single samples;
+        None where none is loaded (or it is an IterableDataset's)."""
+        resume = self._resume
+        return None if resume is None else bool(resume["samples"])
+
     # -- the iterators' side -------------------------------------------------
 
     def begin_epoch(
@@ -489,7 +495,15 @@ class LoaderProgress:
         _check_well_formed(state)
         _check_fits(state.get("loader"), _shape_of(loader))
         epoch = state["epoch"]
-        if epoch is not None and epoch["samples"] != loader._reorders_samples():
+        # A reordering loader's epoch may have run on whole batches
+        # (minato._loader.whole_batches): it resumes on them.
+        reorders = loader._reorders_samples()
+        resumes_whole_batches = reorders and loader._whole_batches.eligible(loader)
+        if (
+            epoch is not None
+            and epoch["samples"] != reorders
+            and not (resumes_whole_batches and not epoch["samples"])
+        ):
             kinds = {True: "reorders single samples", False: "keeps whole batches"}
             raise ValueError(
                 f"this state was saved by a loader that {kinds[epoch['samples']]}; this "

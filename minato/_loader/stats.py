@@ -132,6 +132,10 @@ class LoaderStats:
     """Mean time the training loop's thread waited to take the GIL back
     after releasing it, as probed by ``worker_method="auto"`` while deciding;
     None when not probed."""
+    whole_batches_reason: str | None = None
+    """Why a reordering loader's epochs load whole batches (an epoch of single
+    samples moved none), or went back to single samples (a batch kept the
+    loop waiting); None while it has not chosen."""
 
     @property
     def rate(self) -> float:
@@ -182,6 +186,7 @@ class LoaderStats:
             ("ready-queue occupancy", _share(self.queue_occupancy)),
             ("slow samples", str(self.slow_samples)),
             ("moved to a later batch", str(self.moved_samples)),
+            ("whole batches", self.whole_batches_reason or "-"),
             ("sample timeout", _ms(self.sample_timeout)),
             ("skipped samples", str(self.skipped_samples)),
             ("worker method", f"{self.worker_method or '-'} ({self.worker_method_reason or '-'})"),

@@ -1,0 +1,93 @@
+"""When the default loader loads whole batches rather than single samples.
+
+A reordering loader (``in_order=None`` over a shuffling sampler) builds its
+batches from single samples, so that a sample running late moves to a later
+batch instead of holding its own. Every sample then crosses the training
+process's engine on its own, which, with many workers on cheap samples,
+costs more than whole batches do (benchmarks/RESULTS.md, session 14: whole
+batches 1.2-1.5x the samples/s of the sample path at 16 and 32 workers).
+An epoch that moved no sample delivered torch's batches in torch's order,
+which whole batches in order load as well, each sample drawing the same
+random numbers (minato._task.seed). So, from `MIN_WORKERS` workers on, once
+an epoch on single samples ran to its end and moved none, the loader's next
+epochs load whole batches; where the training loop then waits on a batch as
+long as a late sample would have made it wait (`StallWatch`), it goes back
+to single samples for good.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The fewest workers whose loader may move to whole batches: below, the
+# sample path's own cost is small beside the samples' and its guarantee is
+# kept.
+MIN_WORKERS = 8
+# A wait on a batch that a sample moved to a later batch would have spared
+# the loop: at least this long (a late sample's floor, README "Order and
+# slow samples")...
+STALL_FLOOR_S = 0.1
+# ...and this many times a batch's loading time (its samples at the median
+# fetch time). A worker's batches come a batch's time apart, and workers
+# that started together deliver theirs together: the loop may wait about
+# that long on any batch.
+STALL_BATCH_TIMES = 3
+
+
+class WholeBatchChoice:
+    """One loader's choice, kept across its epochs and iterators."""
+
+    def __init__(self) -> None:
+        self.earned = False
+        self.lost = False
+        # Why the loader loads as it does now, for stats().
+        self.reason: str | None = None
+
+    @staticmethod
+    def eligible(loader: Any) -> bool:
+        """Whether the loader's options leave the choice to minato: the
+        default order and sample timeout, and enough workers."""
+        return (
+            loader.in_order_given() is None
+            and loader.sample_timeout == "auto"
+            and loader.num_workers >= MIN_WORKERS
+        )
+
+    def wanted(self, loader: Any) -> bool:
+        return self.earned and not self.lost and self.eligible(loader)
+
+    def samples_epoch_ended(self, moved: int, batches: int) -> None:
+        """An epoch on single samples ran to its end."""
+        if self.lost or batches == 0:
+            return
+        self.earned = moved == 0
+        if self.earned:
+            self.reason = f"an epoch of {batches} batches moved no sample: whole batches, in order"
+
+    def stalled(self, waited: float) -> None:
+        """An epoch of whole batches kept the loop waiting as a late sample would."""
+        self.lost = True
+        self.reason = (
+            f"the loop waited {waited * 1e3:.0f} ms on a batch of whole samples: "
+            "single samples again, a late one moving to a later batch"
+        )
+
+
+class StallWatch:
+    """Watches one epoch of whole batches for a wait a late sample would
+    have made, once the first `settling` batches (the workers starting) are
+    in."""
+
+    def __init__(self, settling: int) -> None:
+        self.settling = settling
+        self.batches = 0
+
+    def may_stall(self, waited: float) -> bool:
+        """Counts a batch; whether its wait is long enough to ask `stalls`."""
+        self.batches += 1
+        return self.batches > self.settling and waited > STALL_FLOOR_S
+
+    @staticmethod
+    def stalls(waited: float, samples: int, fetch_p50: float | None) -> bool:
+        batch_time = samples * (fetch_p50 or 0.0)
+        return waited > max(STALL_FLOOR_S, STALL_BATCH_TIMES * batch_time)

@@ -1,0 +1,182 @@
+"""A reordering loader with many workers loads whole batches once an epoch
+of single samples moved none (minato._loader.whole_batches): the same
+batches and draws as before, and back to single samples for good once a
+batch keeps the loop waiting as a late sample would."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import threading
+import time
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+import minato
+from minato._loader.iterator import _SampleDataLoaderIter, _WholeBatchDataLoaderIter
+from minato._loader.whole_batches import MIN_WORKERS
+
+pytestmark = pytest.mark.timeout(240)
+
+
+class Drawing(tud.Dataset):
+    """Quick samples that each draw a random number; those in `slow` take
+    `slow_s` while `slowing` is set."""
+
+    def __init__(self, size: int = 320, slow: frozenset[int] = frozenset(), slow_s: float = 0.0):
+        self.size, self.slow, self.slow_s = size, slow, slow_s
+        # Only where some samples may be slow: worker processes cannot take an Event.
+        self.slowing = threading.Event() if slow else None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int):
+        slowing = self.slowing is not None and self.slowing.is_set()
+        time.sleep(self.slow_s if slowing and index in self.slow else 0.0005)
+        return index, torch.rand(())
+
+
+def drawing_collate(samples):
+    """A collate that draws, as MixUp's does."""
+    return (*tud.default_collate(samples), torch.rand(()))
+
+
+def _epochs(loader: minato.DataLoader, epochs: int) -> tuple[list[str], list[type]]:
+    digests, kinds = [], []
+    for _ in range(epochs):
+        digest = hashlib.sha256()
+        batches = iter(loader)
+        kinds.append(type(batches))
+        for batch in batches:
+            for part in batch:
+                digest.update(part.numpy().tobytes())
+        digests.append(digest.hexdigest())
+    return digests, kinds
+
+
+def _loader(dataset: tud.Dataset, **options) -> minato.DataLoader:
+    options = {"batch_size": 8, "shuffle": True, "num_workers": MIN_WORKERS, **options}
+    return minato.DataLoader(dataset, collate_fn=drawing_collate, **options)
+
+
+@pytest.mark.parametrize(
+    ("method", "persistent"),
+    [("thread", False), ("thread", True), ("multiprocessing", False)],
+)
+def test_an_epoch_that_moved_no_sample_is_followed_by_whole_batches_that_draw_the_same(
+    method: str, persistent: bool
+) -> None:
+    runs = {}
+    for name, options in {
+        "default": {},
+        # A timeout of its own: the loader never chooses; nothing moves in 5 s.
+        "single samples": {"sample_timeout": 5.0},
+        "whole batches": {"in_order": True},
+    }.items():
+        torch.manual_seed(0)
+        loader = _loader(Drawing(), worker_method=method, persistent_workers=persistent, **options)
+        digests, kinds = _epochs(loader, 3)
+        # The training loop's own draws after: the iterators drew no extra seed.
+        runs[name] = (digests, kinds, torch.rand(()).item(), loader.stats())
+    digests, kinds, after, stats = runs["default"]
+    if stats.moved_samples and kinds[1] is _SampleDataLoaderIter:
+        # On a loaded machine a worker process's start can make its first
+        # sample late: the first epoch moved it, and the loader rightly
+        # keeps single samples (and another batch holds that sample).
+        assert method == "multiprocessing" and stats.whole_batches_reason is None
+        return
+    assert kinds == [_SampleDataLoaderIter, _WholeBatchDataLoaderIter, _WholeBatchDataLoaderIter]
+    assert stats.moved_samples == 0
+    assert "moved no sample" in (stats.whole_batches_reason or "")
+    assert runs["single samples"][1] == [_SampleDataLoaderIter] * 3
+    assert runs["single samples"][3].whole_batches_reason is None
+    for name in ("single samples", "whole batches"):
+        assert runs[name][0] == digests, name
+        assert runs[name][2] == after, name
+
+
+def test_fewer_workers_keep_single_samples() -> None:
+    loader = _loader(Drawing(), num_workers=MIN_WORKERS - 1, worker_method="thread")
+    _, kinds = _epochs(loader, 2)
+    assert kinds == [_SampleDataLoaderIter] * 2
+    assert loader.stats().whole_batches_reason is None
+
+
+class InOrderShuffle(tud.Sampler[int]):
+    """A sampler minato takes for a shuffling one (``shuffle = True``) that
+    yields the indices in order, so that a test knows each one's position."""
+
+    shuffle = True
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __iter__(self):
+        return iter(range(self.size))
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def test_a_batch_that_keeps_the_loop_waiting_sends_the_loader_back_to_single_samples() -> None:
+    # From the second epoch on, three samples take 1.5 s: in batches 26, 31
+    # and 36, long after every worker's first.
+    dataset = Drawing(slow=frozenset({200, 240, 280}), slow_s=1.5)
+    sampler = InOrderShuffle(len(dataset))
+    loader = _loader(dataset, sampler=sampler, shuffle=False, worker_method="thread")
+    _, kinds = _epochs(loader, 1)
+    assert dataset.slowing is not None
+    dataset.slowing.set()
+    more, more_kinds = _epochs(loader, 2)
+    assert kinds + more_kinds == [
+        _SampleDataLoaderIter,
+        _WholeBatchDataLoaderIter,
+        _SampleDataLoaderIter,
+    ]
+    stats = loader.stats()
+    assert "waited" in (stats.whole_batches_reason or "")
+    # Back on single samples, the late ones move rather than hold their batches.
+    assert stats.moved_samples > 0
+    # And for good: an epoch that moves none does not bring whole batches back.
+    dataset.slowing.clear()
+    _, last_kinds = _epochs(loader, 2)
+    assert last_kinds == [_SampleDataLoaderIter] * 2
+
+
+@pytest.mark.parametrize("stop_on", ["whole batches", "single samples"])
+def test_a_state_saved_on_either_path_resumes_in_a_fresh_loader(stop_on: str) -> None:
+    torch.manual_seed(0)
+    uninterrupted = _loader(Drawing(), worker_method="thread")
+    expected, _ = _epochs(uninterrupted, 2)
+
+    torch.manual_seed(0)
+    loader = _loader(Drawing(), worker_method="thread")
+    if stop_on == "whole batches":
+        _epochs(loader, 1)  # the second epoch then loads whole batches
+    digest = hashlib.sha256()
+    batches = iter(loader)
+    for count, batch in enumerate(batches, 1):
+        for part in batch:
+            digest.update(part.numpy().tobytes())
+        if count == 7:
+            break
+    saved = io.BytesIO()
+    torch.save(loader.state_dict(), saved)
+    del batches, loader
+
+    torch.manual_seed(123)  # a restarted program's own draws differ
+    resumed = _loader(Drawing(), worker_method="thread")
+    resumed.load_state_dict(torch.load(io.BytesIO(saved.getvalue()), weights_only=True))
+    batches = iter(resumed)
+    assert isinstance(
+        batches,
+        _WholeBatchDataLoaderIter if stop_on == "whole batches" else _SampleDataLoaderIter,
+    )
+    for batch in batches:
+        for part in batch:
+            digest.update(part.numpy().tobytes())
+    epoch = 1 if stop_on == "whole batches" else 0
+    assert digest.hexdigest() == expected[epoch]
