@@ -74,7 +74,7 @@ def _self_cpu() -> float:
 
 
 #: How the last minato loader `measure` ran: (worker method, final pool, why,
-#: whether its defaults chose whole batches).
+#: whether its timed epoch loaded whole batches or single samples).
 last_run: tuple[str, int, str, str] | None = None
 
 
@@ -101,7 +101,8 @@ def measure(make_loader, after_epochs: int = 0) -> tuple[float, float, float]:
     if stats is not None:
         # The pool is shut down after the epoch: its last size is history.
         history = stats.worker_history or [(0.0, stats.workers)]
-        loading = "whole batches" if stats.whole_batches_reason else "as configured"
+        single = type(iterator).__name__ == "_SampleDataLoaderIter"
+        loading = f"{'single samples' if single else 'whole batches'}, {stats.moved_samples} moved"
         last_run = (stats.worker_method, history[-1][1], stats.worker_method_reason or "", loading)
     del iterator, loader
     return samples / elapsed, cpu / max(samples, 1), takes / max(batches, 1)

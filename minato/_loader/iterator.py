@@ -23,7 +23,7 @@ from minato._loader.collate_stage import EpochSeed, draws_no_random, sample_coll
 from minato._loader.device import DeviceStage, Failure, HostBatch
 from minato._loader.resume import EpochStream, IterableStream, capture_epoch_rng
 from minato._loader.stats import StatsRecorder
-from minato._loader.whole_batches import StallWatch
+from minato._loader.whole_batches import EpochWaits, StallWatch
 from minato._loader.workers import worker_factory
 from minato._minato import (
     ArenaPool,
@@ -744,10 +744,17 @@ class _WholeBatchDataLoaderIter(_ThreadDataLoaderIter):
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         # Until every worker delivered its first batch, waits are their start.
         self._stall_watch = StallWatch(settling=loader.num_workers)
+        self._waits = EpochWaits(settling=loader.num_workers)
         super()._reset(loader, first_iter)
+
+    def _epoch_completed(self) -> None:
+        loader = self._loader()
+        if loader is not None:
+            loader._whole_batches.whole_epoch_ended(self._waits.batches, self._waits.waited)
 
     def _report(self, samples: int, waited: float) -> None:
         super()._report(samples, waited)
+        self._waits.add(waited)
         watch = self._stall_watch
         if watch.may_stall(waited):
             fetch_p50 = self._recorder.snapshot().fetch_p50
@@ -881,8 +888,8 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         return True
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
-        moved_before = self._recorder.snapshot().moved_samples
-        self._epoch_start = (moved_before, self._recorder.batches)
+        self._moved_before = self._recorder.snapshot().moved_samples
+        self._waits = EpochWaits(settling=loader.num_workers)
         super()._reset(loader, first_iter)
         if self._method.processes:
             self._on_processes()
@@ -891,9 +898,12 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         loader = self._loader()
         if loader is None or not loader._whole_batches.eligible(loader):
             return
-        moved_before, batches_before = self._epoch_start
-        moved = self._recorder.snapshot().moved_samples - moved_before
-        loader._whole_batches.samples_epoch_ended(moved, self._recorder.batches - batches_before)
+        moved = self._recorder.snapshot().moved_samples - self._moved_before
+        loader._whole_batches.samples_epoch_ended(moved, self._waits.batches, self._waits.waited)
+
+    def _report(self, samples: int, waited: float) -> None:
+        super()._report(samples, waited)
+        self._waits.add(waited)
 
     def _submit_next(self, engine: Any) -> bool:
         # The ledger hands the batch's samples out at their positions (in

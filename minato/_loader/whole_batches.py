@@ -11,7 +11,8 @@ which whole batches in order load as well, each sample drawing the same
 random numbers (minato._task.seed). So, from `MIN_WORKERS` workers on, once
 an epoch on single samples ran to its end and moved none, the loader's next
 epochs load whole batches; where the training loop then waits on a batch as
-long as a late sample would have made it wait (`StallWatch`), it goes back
+long as a late sample would have made it wait (`StallWatch`), or waits
+longer per batch over an epoch than it did on single samples, it goes back
 to single samples for good.
 """
 
@@ -34,12 +35,24 @@ STALL_FLOOR_S = 0.1
 STALL_BATCH_TIMES = 3
 
 
+# An epoch of whole batches keeps them only if the loop waited on its batches
+# at most this much longer, per batch, than on the single samples' epoch
+# that earned them (a share, and seconds beside it for epochs the loop did
+# not wait in): an epoch that moved no sample may still have gained from
+# the whole pool working on the next batch (skewed samples: hol.py).
+WAIT_TOLERANCE = 0.15
+WAIT_TOLERANCE_S = 0.0005
+
+
 class WholeBatchChoice:
     """One loader's choice, kept across its epochs and iterators."""
 
     def __init__(self) -> None:
         self.earned = False
         self.lost = False
+        # The loop's wait per batch over the epoch of single samples that
+        # earned whole batches.
+        self.samples_wait: float | None = None
         # Why the loader loads as it does now, for stats().
         self.reason: str | None = None
 
@@ -56,13 +69,28 @@ class WholeBatchChoice:
     def wanted(self, loader: Any) -> bool:
         return self.earned and not self.lost and self.eligible(loader)
 
-    def samples_epoch_ended(self, moved: int, batches: int) -> None:
-        """An epoch on single samples ran to its end."""
+    def samples_epoch_ended(self, moved: int, batches: int, waited: float) -> None:
+        """An epoch on single samples ran to its end; the loop waited
+        `waited` seconds on its batches."""
         if self.lost or batches == 0:
             return
         self.earned = moved == 0
         if self.earned:
+            self.samples_wait = waited / batches
             self.reason = f"an epoch of {batches} batches moved no sample: whole batches, in order"
+
+    def whole_epoch_ended(self, batches: int, waited: float) -> None:
+        """An epoch of whole batches ran to its end; the loop waited
+        `waited` seconds on its batches."""
+        if self.lost or batches == 0 or self.samples_wait is None:
+            return
+        wait = waited / batches
+        if wait > self.samples_wait * (1 + WAIT_TOLERANCE) + WAIT_TOLERANCE_S:
+            self.lost = True
+            self.reason = (
+                f"the loop waited {wait * 1e3:.1f} ms a batch on whole batches against "
+                f"{self.samples_wait * 1e3:.1f} ms on single samples: single samples again"
+            )
 
     def stalled(self, waited: float) -> None:
         """An epoch of whole batches kept the loop waiting as a late sample would."""
@@ -71,6 +99,24 @@ class WholeBatchChoice:
             f"the loop waited {waited * 1e3:.0f} ms on a batch of whole samples: "
             "single samples again, a late one moving to a later batch"
         )
+
+
+class EpochWaits:
+    """The loop's waits on an epoch's batches once its first `settling` (the
+    workers starting, in every epoch of a loader without persistent
+    workers) are in: what the two ways of loading are compared by."""
+
+    def __init__(self, settling: int) -> None:
+        self.settling = settling
+        self.seen = 0
+        self.batches = 0
+        self.waited = 0.0
+
+    def add(self, waited: float) -> None:
+        self.seen += 1
+        if self.seen > self.settling:
+            self.batches += 1
+            self.waited += waited
 
 
 class StallWatch:
