@@ -23,7 +23,7 @@ from minato._loader.collate_stage import EpochSeed, draws_no_random, sample_coll
 from minato._loader.device import DeviceStage, Failure, HostBatch
 from minato._loader.resume import EpochStream, IterableStream, capture_epoch_rng
 from minato._loader.stats import StatsRecorder
-from minato._loader.whole_batches import EpochWaits, StallWatch
+from minato._loader.whole_batches import STALL_FLOOR_S, EpochWaits, stalls
 from minato._loader.workers import worker_factory
 from minato._minato import (
     ArenaPool,
@@ -743,7 +743,6 @@ class _WholeBatchDataLoaderIter(_ThreadDataLoaderIter):
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         # Until every worker delivered its first batch, waits are their start.
-        self._stall_watch = StallWatch(settling=loader.num_workers)
         self._waits = EpochWaits(settling=loader.num_workers)
         super()._reset(loader, first_iter)
 
@@ -754,12 +753,10 @@ class _WholeBatchDataLoaderIter(_ThreadDataLoaderIter):
 
     def _report(self, samples: int, waited: float) -> None:
         super()._report(samples, waited)
-        self._waits.add(waited)
-        watch = self._stall_watch
-        if watch.may_stall(waited):
+        if self._waits.add(waited) and waited > STALL_FLOOR_S:
             fetch_p50 = self._recorder.snapshot().fetch_p50
             loader = self._loader()
-            if loader is not None and watch.stalls(waited, samples, fetch_p50):
+            if loader is not None and stalls(waited, samples, fetch_p50):
                 loader._whole_batches.stalled(waited)
 
 

@@ -11,7 +11,7 @@ which whole batches in order load as well, each sample drawing the same
 random numbers (minato._task.seed). So, from `MIN_WORKERS` workers on, once
 an epoch on single samples ran to its end and moved none, the loader's next
 epochs load whole batches; where the training loop then waits on a batch as
-long as a late sample would have made it wait (`StallWatch`), or waits
+long as a late sample would have made it wait (`stalls`), or waits
 longer per batch over an epoch than it did on single samples, it goes back
 to single samples for good.
 """
@@ -104,7 +104,8 @@ class WholeBatchChoice:
 class EpochWaits:
     """The loop's waits on an epoch's batches once its first `settling` (the
     workers starting, in every epoch of a loader without persistent
-    workers) are in: what the two ways of loading are compared by."""
+    workers) are in: what the two ways of loading are compared by, and
+    what a stall is judged among."""
 
     def __init__(self, settling: int) -> None:
         self.settling = settling
@@ -112,28 +113,18 @@ class EpochWaits:
         self.batches = 0
         self.waited = 0.0
 
-    def add(self, waited: float) -> None:
+    def add(self, waited: float) -> bool:
+        """Counts a batch's wait; whether it is past the settling batches."""
         self.seen += 1
-        if self.seen > self.settling:
-            self.batches += 1
-            self.waited += waited
-
-
-class StallWatch:
-    """Watches one epoch of whole batches for a wait a late sample would
-    have made, once the first `settling` batches (the workers starting) are
-    in."""
-
-    def __init__(self, settling: int) -> None:
-        self.settling = settling
-        self.batches = 0
-
-    def may_stall(self, waited: float) -> bool:
-        """Counts a batch; whether its wait is long enough to ask `stalls`."""
+        if self.seen <= self.settling:
+            return False
         self.batches += 1
-        return self.batches > self.settling and waited > STALL_FLOOR_S
+        self.waited += waited
+        return True
 
-    @staticmethod
-    def stalls(waited: float, samples: int, fetch_p50: float | None) -> bool:
-        batch_time = samples * (fetch_p50 or 0.0)
-        return waited > max(STALL_FLOOR_S, STALL_BATCH_TIMES * batch_time)
+
+def stalls(waited: float, samples: int, fetch_p50: float | None) -> bool:
+    """Whether a wait on a batch of whole samples is one a late sample would
+    have made: past the floor and a few of the batch's loading times."""
+    batch_time = samples * (fetch_p50 or 0.0)
+    return waited > max(STALL_FLOOR_S, STALL_BATCH_TIMES * batch_time)

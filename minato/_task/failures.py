@@ -157,8 +157,8 @@ def load_skipping(
     `run`: the samples' seeding (a minato._task.seed.SampleRun), moved on
     before each is loaded."""
     if getitems is not None:
-        if run is not None and run.eager is not None:
-            run.eager(run)
+        if run is not None:
+            run.begin(0)
         try:
             return list(getitems(indices))
         except Exception:
@@ -179,9 +179,7 @@ def load_each(
     for ordinal, index in enumerate(indices):
         _sample_begins()
         if run is not None:
-            run.at = ordinal
-            if run.eager is not None:
-                run.eager(run)
+            run.begin(ordinal)
         try:
             loaded.append(dataset[index])
         except Exception:

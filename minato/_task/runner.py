@@ -201,15 +201,15 @@ class _MapFetcher:
             return self._fetch_skipping(index, run, seed_collate)
         dataset = self.dataset
         if not self.auto_collation:
-            if run is not None and run.eager is not None:
-                run.eager(run)
+            if run is not None:
+                run.begin(0)
             try:
                 data = dataset[index]
             except Exception:
                 return WorkerError(where=_where(self.worker_id, index))
         elif self.getitems is not None:
-            if run is not None and run.eager is not None:
-                run.eager(run)
+            if run is not None:
+                run.begin(0)
             try:
                 data = self.getitems(index)
             except Exception:
@@ -218,9 +218,7 @@ class _MapFetcher:
             data = []
             for ordinal, i in enumerate(index):
                 if run is not None:
-                    run.at = ordinal
-                    if run.eager is not None:
-                        run.eager(run)
+                    run.begin(ordinal)
                 try:
                     data.append(dataset[i])
                 except Exception:
@@ -262,8 +260,8 @@ class _MapFetcher:
         if self.skip_errors:
             return load_skipping(self.dataset, self.getitems, indices, self.worker_id, run)
         if self.getitems is not None:
-            if run is not None and run.eager is not None:
-                run.eager(run)
+            if run is not None:
+                run.begin(0)
             try:
                 return list(self.getitems(indices))
             except Exception:

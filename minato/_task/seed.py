@@ -61,6 +61,13 @@ class SampleRun:
         """The seed of the sample being loaded."""
         return _sample_seed(self.key, self.positions[self.at])
 
+    def begin(self, ordinal: int) -> None:
+        """The run's `ordinal`-th sample starts (a ``__getitems__`` call: its
+        first): its generators are seeded for it, eagerly where they must be."""
+        self.at = ordinal
+        if self.eager is not None:
+            self.eager(self)
+
 
 def collate_run(
     key: int, first_position: int, eager: Callable[[SampleRun], None] | None
