@@ -343,8 +343,8 @@ class LoaderProgress:
         return self._resume is not None
 
     def loaded_samples(self) -> bool | None:
-        """Whether the loaded mid-epoch state's epoch ran on single samples;
-        None where none is loaded (or it is an IterableDataset's)."""
+        """Whether the loaded mid-epoch state's epoch ran on single samples
+        (False for an IterableDataset's streams); None where none is loaded."""
         resume = self._resume
         return None if resume is None else bool(resume["samples"])
 

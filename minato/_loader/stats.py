@@ -134,8 +134,9 @@ class LoaderStats:
     None when not probed."""
     whole_batches_reason: str | None = None
     """Why a reordering loader's epochs load whole batches (an epoch of single
-    samples moved none), or went back to single samples (a batch kept the
-    loop waiting); None while it has not chosen."""
+    samples moved none), or went back to single samples (a batch, or an
+    epoch of them, kept the loop waiting longer); None while it has not
+    chosen."""
 
     @property
     def rate(self) -> float:
