@@ -102,7 +102,11 @@ def measure(make_loader, after_epochs: int = 0) -> tuple[float, float, float]:
         # The pool is shut down after the epoch: its last size is history.
         history = stats.worker_history or [(0.0, stats.workers)]
         single = type(iterator).__name__ == "_SampleDataLoaderIter"
-        loading = f"{'single samples' if single else 'whole batches'}, {stats.moved_samples} moved"
+        handed_over = getattr(iterator, "_whole_waits", None) is not None
+        path = "single samples" if single else "whole batches"
+        if handed_over:
+            path = "single samples, then whole batches"
+        loading = f"{path}, {stats.moved_samples} moved"
         last_run = (stats.worker_method, history[-1][1], stats.worker_method_reason or "", loading)
     del iterator, loader
     return samples / elapsed, cpu / max(samples, 1), takes / max(batches, 1)

@@ -443,9 +443,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def __iter__(self) -> torch.utils.data.dataloader._BaseDataLoaderIter:
         # torch reuses a persistent iterator; one that no longer fits the
-        # loader as it is now (a batch sampler swapped in since) is replaced.
+        # loader as it is now (a batch sampler swapped in since, an epoch
+        # handed over to whole batches) is replaced.
         iterator = self._iterator
-        if isinstance(iterator, _ThreadDataLoaderIter) and iterator.kind != self._iterator_kind():
+        if isinstance(iterator, _ThreadDataLoaderIter) and (
+            iterator.kind != self._iterator_kind() or not iterator.reusable()
+        ):
             self._iterator = None
             iterator._shutdown(0.0)
             # The new one goes on with its seeds, drawing none of its own.

@@ -1,7 +1,8 @@
-"""A reordering loader with many workers loads whole batches once an epoch
-of single samples moved none (minato._loader.whole_batches): the same
-batches and draws as before, and back to single samples for good once a
-batch keeps the loop waiting as a late sample would."""
+"""A reordering loader with many workers loads whole batches once an
+epoch's first batches of single samples moved none, from the epoch's next
+batch (minato._loader.whole_batches): the same batches and draws as before,
+each sample once, and back to single samples for good once a batch keeps
+the loop waiting as a late sample would."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import time
 import pytest
 import torch
 import torch.utils.data as tud
+from helpers import os_threads, threads_left_since
 
 import minato
 from minato._loader.iterator import _SampleDataLoaderIter, _WholeBatchDataLoaderIter
-from minato._loader.whole_batches import MIN_WORKERS, WholeBatchChoice
+from minato._loader.whole_batches import MIN_WORKERS, SWITCH_AFTER, WholeBatchChoice
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -213,3 +215,123 @@ def test_an_epoch_that_moved_a_sample_earns_no_whole_batches() -> None:
     choice = WholeBatchChoice()
     choice.samples_epoch_ended(moved=1, batches=40, waited=0.4)
     assert not choice.earned and choice.reason is None
+
+
+# Enough batches that an epoch hands over to whole batches part way: after
+# every worker's first batch and SWITCH_AFTER more of each.
+HANDOVER_BATCH = (1 + SWITCH_AFTER) * MIN_WORKERS
+LONG_EPOCH = 8 * (HANDOVER_BATCH + 8 * MIN_WORKERS)
+
+
+class Indexed(Drawing):
+    """Drawing's samples, each with its index: which sample each batch holds."""
+
+    def __getitem__(self, index: int):
+        time.sleep(0.0005)
+        return index, torch.rand(())
+
+
+def _handed_over(batches: object) -> bool:
+    return getattr(batches, "_whole_waits", None) is not None
+
+
+def test_a_fresh_loaders_first_epoch_hands_over_to_whole_batches_each_sample_once() -> None:
+    before = os_threads()
+    torch.manual_seed(0)
+    loader = _loader(Indexed(LONG_EPOCH), worker_method="thread")
+    batches = iter(loader)
+    in_flight = loader.prefetch_factor * MIN_WORKERS
+    bound: int | None = None
+    seen: list[int] = []
+    draws = hashlib.sha256()
+    for indices, values, collated in batches:
+        seen.extend(indices.tolist())
+        draws.update(values.numpy().tobytes() + collated.numpy().tobytes())
+        # The new engine holds at most what one would; the two together at
+        # most what the old one held, or a batch for each worker beyond one's.
+        engine, draining = batches._engine, batches._draining
+        if draining is not None and engine is not None:
+            assert engine.pending() <= in_flight
+            held = draining.pending() + engine.pending()
+            if bound is None:
+                # A batch for each of the new pool's workers (as many as the
+                # old pool had, which the adaptive controller may have grown).
+                bound = max(held, in_flight + batches._handover_workers)
+            assert held <= bound
+    stats = loader.stats()
+    after = torch.rand(()).item()
+    assert sorted(seen) == list(range(LONG_EPOCH))
+    if stats.moved_samples:
+        # Under load a sample ran late before the hand-over: the epoch rightly
+        # stayed on single samples.
+        assert not _handed_over(batches)
+        return
+    assert _handed_over(batches), stats.whole_batches_reason
+    assert "from its next batch" in (stats.whole_batches_reason or "")
+    # The same data and draws as an epoch on single samples, and the loop's
+    # generator where that one leaves it.
+    torch.manual_seed(0)
+    single = _loader(Indexed(LONG_EPOCH), worker_method="thread", sample_timeout=5.0)
+    expected = hashlib.sha256()
+    expected_seen: list[int] = []
+    for indices, values, collated in single:
+        expected_seen.extend(indices.tolist())
+        expected.update(values.numpy().tobytes() + collated.numpy().tobytes())
+    assert seen == expected_seen
+    assert draws.hexdigest() == expected.hexdigest()
+    assert torch.rand(()).item() == after
+    # Both engines' threads are gone with the epoch.
+    del batches, loader, single
+    assert not threads_left_since(before)
+
+
+@pytest.mark.parametrize("stop_at", [HANDOVER_BATCH + 2, HANDOVER_BATCH + 6 * MIN_WORKERS])
+def test_a_state_saved_after_the_hand_over_resumes_each_sample_once(stop_at: int) -> None:
+    # At stop_at, the engine handed over from may still be delivering its
+    # batches (just after the hand-over), or be gone (later).
+    torch.manual_seed(0)
+    uninterrupted = [
+        (indices.tolist(), values)
+        for indices, values, _ in _loader(Indexed(LONG_EPOCH), worker_method="thread")
+    ]
+    torch.manual_seed(0)
+    loader = _loader(Indexed(LONG_EPOCH), worker_method="thread")
+    batches = iter(loader)
+    got = []
+    for count, (indices, values, _) in enumerate(batches, 1):
+        got.append((indices.tolist(), values))
+        if count == stop_at:
+            break
+    handed_over = _handed_over(batches)
+    saved = io.BytesIO()
+    torch.save(loader.state_dict(), saved)
+    del batches, loader
+
+    resumed = _loader(Indexed(LONG_EPOCH), worker_method="thread")
+    resumed.load_state_dict(torch.load(io.BytesIO(saved.getvalue()), weights_only=True))
+    got.extend((indices.tolist(), values) for indices, values, _ in resumed)
+    seen = [index for indices, _ in got for index in indices]
+    assert sorted(seen) == list(range(LONG_EPOCH))
+    if handed_over and not resumed.stats().moved_samples:
+        # Nothing moved anywhere: the very batches, the very draws.
+        assert [indices for indices, _ in got] == [indices for indices, _ in uninterrupted]
+        for (_, values), (_, expected) in zip(got, uninterrupted, strict=True):
+            assert torch.equal(values, expected)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"worker_method": "multiprocessing"},
+        {"worker_method": "thread", "on_error": "skip"},
+        {"worker_method": "thread", "in_order": False},
+        {"worker_method": "thread", "sample_timeout": 5.0},
+    ],
+    ids=["processes", "skipping", "in_order=False", "own timeout"],
+)
+def test_an_epoch_hands_over_only_on_threads_with_the_choice_left_to_minato(options) -> None:
+    loader = _loader(Indexed(LONG_EPOCH), **options)
+    batches = iter(loader)
+    seen = [index for indices, _, _ in batches for index in indices.tolist()]
+    assert sorted(seen) == list(range(LONG_EPOCH))
+    assert not _handed_over(batches)

@@ -23,7 +23,13 @@ from minato._loader.collate_stage import EpochSeed, draws_no_random, sample_coll
 from minato._loader.device import DeviceStage, Failure, HostBatch
 from minato._loader.resume import EpochStream, IterableStream, capture_epoch_rng
 from minato._loader.stats import StatsRecorder
-from minato._loader.whole_batches import STALL_FLOOR_S, EpochWaits, stalls
+from minato._loader.whole_batches import (
+    STALL_FLOOR_S,
+    SWITCH_AFTER,
+    SWITCH_ROUNDS_LEFT,
+    EpochWaits,
+    stalls,
+)
 from minato._loader.workers import worker_factory
 from minato._minato import (
     ArenaPool,
@@ -342,6 +348,9 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
     def __init__(self, loader: DataLoader, *, in_order: bool = True) -> None:
         self._in_order = in_order
         self._engine: Engine | SampleEngine | None = None
+        # A sample-level epoch's engine still delivering the batches it was
+        # given before the epoch went on in whole batches (delivered first).
+        self._draining: SampleEngine | None = None
         self._processes: ProcessWorkers | None = None
         self._method: WorkerMethod = loader._worker_method
         self._next_method_check = 0.0
@@ -379,6 +388,11 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         """Its class and whether whole batches keep the sampler's order (see
         DataLoader._iterator_kind)."""
         return type(self), self._in_order
+
+    def reusable(self) -> bool:
+        """Whether a persistent iterator can run the loader's next epoch
+        (given that its kind fits)."""
+        return True
 
     def _worker_spec(self, loader: DataLoader) -> WorkerSpec:
         # The dataset as it is as the workers start: every worker copies this
@@ -455,6 +469,13 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             shutdown_grace=SHUTDOWN_GRACE_S,
         )
 
+    def _unpack(self, engine: Any, data: Any) -> tuple[list[int], int, Any, list[Any]]:
+        """What `engine` delivered, as `_to_batch` gives it."""
+        return self._to_batch(data)
+
+    def _retire_draining(self) -> None:
+        """The engine handed over from delivered its last batch: it stops."""
+
     def _to_batch(self, data: Any) -> tuple[list[int], int, Any, list[Any]]:
         """What the engine delivered, as (tags, sample count, the batch or its
         Failure, the samples skipped as (tag, SampleFailure)); the batch is
@@ -480,6 +501,15 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
 
     def _epoch_completed(self) -> None:
         """The epoch's every batch was delivered."""
+
+    def _judge_wait(self, waits: EpochWaits, samples: int, waited: float) -> None:
+        """Counts a wait on a batch of whole samples; one a late sample
+        would have made sends the loader's next epochs back to single samples."""
+        if waits.add(waited) and waited > STALL_FLOOR_S:
+            fetch_p50 = self._recorder.snapshot().fetch_p50
+            loader = self._loader()
+            if loader is not None and stalls(waited, samples, fetch_p50):
+                loader._whole_batches.stalled(waited)
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         epoch_rng = capture_epoch_rng(loader)
@@ -511,7 +541,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         engine = self._engine
         if engine is None:
             return
-        while not self._sampler_done and engine.can_submit():
+        while not self._sampler_done and self._can_submit(engine):
             try:
                 submitted = self._submit_next(engine)
             except StopIteration:
@@ -521,6 +551,9 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             if not submitted:
                 # Every worker of an iterable dataset is exhausted.
                 self._sampler_done = True
+
+    def _can_submit(self, engine: Any) -> bool:
+        return bool(engine.can_submit())
 
     def _submit_next(self, engine: Any) -> bool:
         """Submits the epoch's next batch; StopIteration when there is none."""
@@ -549,9 +582,14 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             raise StopIteration  # finished or stopped, as torch's iterator stays
         asked = time.perf_counter()
         while True:
+            engine = self._draining if self._draining is not None else self._engine
+            assert engine is not None
             try:
-                data = self._engine.next(self._timeout)
+                data = engine.next(self._timeout)
             except StopIteration:
+                if engine is self._draining:
+                    self._retire_draining()
+                    continue
                 over_budget = self._note_skipped(self._engine_skipped())
                 if over_budget is not None:
                     return [], over_budget
@@ -568,7 +606,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             # Refill before handing the batch over, as torch does: after k
             # batches the sampler has been advanced exactly as far as torch's.
             self._submit_ready()
-            tags, samples, data, skipped = self._to_batch(data)
+            tags, samples, data, skipped = self._unpack(engine, data)
             over_budget = self._note_skipped(skipped + self._engine_skipped())
             if over_budget is not None:
                 return tags, over_budget
@@ -667,6 +705,11 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         raise StopIteration
 
     def _shutdown(self, grace: float) -> None:
+        draining = getattr(self, "_draining", None)
+        if draining is not None:
+            self._draining = None
+            draining.shutdown(grace)
+            self._recorder.engine_stopped(draining)
         engine = getattr(self, "_engine", None)
         if engine is not None:
             self._engine = None
@@ -685,6 +728,9 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         there, or taking a lock one of them held, would wait for ever); the
         next use starts workers in this process."""
         engine, self._engine = self._engine, None
+        draining, self._draining = self._draining, None
+        if draining is not None:
+            self._recorder.engine_lost(draining)
         # Worker processes belong to the parent (each checks its owner's pid).
         self._processes = None
         if engine is None:
@@ -753,11 +799,7 @@ class _WholeBatchDataLoaderIter(_ThreadDataLoaderIter):
 
     def _report(self, samples: int, waited: float) -> None:
         super()._report(samples, waited)
-        if self._waits.add(waited) and waited > STALL_FLOOR_S:
-            fetch_p50 = self._recorder.snapshot().fetch_p50
-            loader = self._loader()
-            if loader is not None and stalls(waited, samples, fetch_p50):
-                loader._whole_batches.stalled(waited)
+        self._judge_wait(self._waits, samples, waited)
 
 
 class _SampleDataLoaderIter(_ThreadDataLoaderIter):
@@ -782,7 +824,9 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
 
     def _start_sample_engine(self, loader: DataLoader) -> SampleEngine:
         batch_size = loader.batch_size or 1
-        spec = self._worker_spec(loader)
+        # Kept for the engine an epoch may hand over to (`_switch_to_whole`):
+        # its workers start from the same snapshot of the dataset.
+        spec = self._spec = self._worker_spec(loader)
         self._processes = self._process_workers(loader, spec)
         if self._processes is not None and self._collate_fn is default_collate:
             # Samples from worker processes are then stacked from their
@@ -885,28 +929,156 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         return True
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
+        if self._whole_waits is not None:
+            # Never so far: a persistent iterator that handed over is
+            # replaced (`reusable`). Its next epoch starts on single samples.
+            self._shutdown(SHUTDOWN_GRACE_S)
         self._moved_before = self._recorder.snapshot().moved_samples
         self._waits = EpochWaits(settling=loader.num_workers)
+        # Whether this epoch may still hand over to whole batches.
+        self._may_switch = not self._skip_errors and loader._whole_batches.eligible(loader)
         super()._reset(loader, first_iter)
         if self._method.processes:
             self._on_processes()
+
+    # Set once an epoch hands over to whole batches: the loop's waits on them.
+    _whole_waits: EpochWaits | None = None
+
+    def reusable(self) -> bool:
+        return self._whole_waits is None
 
     def _epoch_completed(self) -> None:
         loader = self._loader()
         if loader is None or not loader._whole_batches.eligible(loader):
             return
+        choice = loader._whole_batches
         moved = self._recorder.snapshot().moved_samples - self._moved_before
-        loader._whole_batches.samples_epoch_ended(moved, self._waits.batches, self._waits.waited)
+        whole = self._whole_waits
+        if whole is not None and not moved:
+            # Judged on as many batches as the single samples were, at least.
+            if whole.batches >= self._waits.batches:
+                choice.whole_epoch_ended(whole.batches, whole.waited)
+        else:
+            choice.samples_epoch_ended(moved, self._waits.batches, self._waits.waited)
 
     def _report(self, samples: int, waited: float) -> None:
         super()._report(samples, waited)
+        if self._whole_waits is not None:
+            self._judge_wait(self._whole_waits, samples, waited)
+            return
         self._waits.add(waited)
+        if self._may_switch and self._waits.batches >= SWITCH_AFTER * self._num_workers:
+            self._consider_switch()
 
-    def _submit_next(self, engine: Any) -> bool:
-        # The ledger hands the batch's samples out at their positions (in
-        # Rust): nothing here is done per sample.
+    def _consider_switch(self) -> None:
+        """Hands the epoch over to whole batches once its first batches
+        moved no sample (see minato._loader.whole_batches), on worker
+        threads for good: the engine delivers what it was given, a new one
+        loads the batches after."""
+        loader = self._loader()
+        if loader is None or not loader._whole_batches.eligible(loader):
+            self._may_switch = False
+            return
+        method = self._method
+        if self._processes is not None and not method.decided:
+            return  # auto may still choose processes: asked again next batch
+        if method.wants_processes or method.processes or loader._whole_batches.lost:
+            self._may_switch = False
+            return
         epoch = self._epoch
         assert isinstance(epoch, EpochStream)
+        if not self._samples_per_batch or not epoch.runs_whole():
+            return
+        if self._batches_left(epoch) < SWITCH_ROUNDS_LEFT * self._num_workers:
+            self._may_switch = False  # too near the epoch's end to gain
+            return
+        figures = self._recorder.snapshot()
+        if figures.moved_samples > self._moved_before:
+            self._may_switch = False  # this epoch stays on single samples
+            return
+        if figures.sample_timeout is None:
+            return  # no sample could have been late yet
+        self._switch_to_whole(loader)
+
+    def _batches_left(self, epoch: EpochStream) -> float:
+        """The epoch's batches not yet handed to the workers (infinite for a
+        sampler of no length)."""
+        try:
+            batches = len(self._index_sampler)
+        except TypeError:
+            return float("inf")
+        return batches - epoch.next_tag / max(1, self._samples_per_batch or 1)
+
+    def _switch_to_whole(self, loader: DataLoader) -> None:
+        old = self._engine
+        assert isinstance(old, SampleEngine)
+        self._may_switch = False
+        loader._whole_batches.samples_part_ended(self._waits.batches, self._waits.waited)
+        workers = max(1, old.stats()["workers"])
+        # The old pool loads what it has and grows no more as it empties.
+        old.fix_workers(workers)
+        self._in_flight = self._batches_in_flight(loader)
+        self._handover_workers = workers
+        self._run_sizes: dict[int, int] = {}
+        self._whole_waits = EpochWaits(settling=self._num_workers)
+        self._draining = old
+        self._engine = Engine(
+            worker_factory(self._spec, processes=None),
+            EXHAUSTED,
+            num_workers=workers,
+            max_in_flight=self._in_flight,
+            max_workers=self._max_workers(loader),
+            in_order=True,
+            round_robin=False,
+            shutdown_grace=SHUTDOWN_GRACE_S,
+        )
+        self._recorder.engine_started(self._engine)
+        logger.info("minato: %s", loader._whole_batches.reason)
+
+    def _forked(self) -> None:
+        super()._forked()
+        # The epoch goes on here on single samples (`_continue_in_child`).
+        self._whole_waits = None
+        self._may_switch = False
+
+    def _retire_draining(self) -> None:
+        draining, self._draining = self._draining, None
+        if draining is not None:
+            draining.shutdown(SHUTDOWN_GRACE_S)
+            self._recorder.engine_stopped(draining)
+        processes, self._processes = self._processes, None
+        if processes is not None:
+            processes.close()
+
+    def _can_submit(self, engine: Any) -> bool:
+        draining = self._draining
+        if draining is None:
+            return bool(engine.can_submit())
+        # Each new worker starts a batch at once (its first is ready as the
+        # old engine's last ones are); beyond that, the two together hold
+        # no more than one would.
+        held = draining.pending() + engine.pending()
+        return bool(engine.can_submit()) and held < self._in_flight + self._handover_workers
+
+    def _unpack(self, engine: Any, data: Any) -> tuple[list[int], int, Any, list[Any]]:
+        if isinstance(engine, SampleEngine):
+            return self._to_batch(data)
+        # A whole batch: delivered, its every sample is.
+        tags, samples, batch, skipped = _ThreadDataLoaderIter._to_batch(self, data)
+        first = tags[0]
+        return list(range(first, first + self._run_sizes.pop(first))), samples, batch, skipped
+
+    def _submit_next(self, engine: Any) -> bool:
+        epoch = self._epoch
+        assert isinstance(epoch, EpochStream)
+        if self._whole_waits is not None:
+            # Each sample draws as on its own, from its position (the first's
+            # and those after it), the collate as the sample path's would.
+            first, indices = epoch.next_run()
+            self._run_sizes[first] = len(indices)
+            return bool(engine.submit((first, indices, epoch.seed, first), len(indices)))
+        # The ledger hands the batch's samples out at their positions (in
+        # Rust): nothing here is done per sample.
         from_queue, fresh = epoch.next_samples()
         arenas = self._processes.arenas if self._processes is not None else None
         if arenas is not None and fresh:
@@ -915,13 +1087,13 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
 
     def _engine_skipped(self) -> list[tuple[int | None, SampleFailure]]:
         engine = self._engine
-        if engine is None or not self._skip_errors:
+        if not isinstance(engine, SampleEngine) or not self._skip_errors:
             return []  # nothing is skipped: spare every batch a call into the engine
         return [(skipped.tag, skipped.failure) for skipped in engine.take_skipped()]
 
     def _close_epoch(self) -> None:
         # Samples skipped this epoch are taken off its last batches.
-        if self._engine is not None:
+        if isinstance(self._engine, SampleEngine):
             self._engine.close_epoch()
 
     def _to_batch(self, data: Any) -> tuple[list[int], int, Any, list[Any]]:

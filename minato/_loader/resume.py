@@ -230,19 +230,46 @@ class EpochStream:
         the ledger: (how many of its samples are queued in the ledger, the
         fresh indices that follow them). StopIteration at the epoch's end."""
         with self.lock:
-            size = self._batch_size
-            from_queue = min(self.ledger.queued, size)
-            wanted = size - from_queue
-            fresh = self._buffer
-            while len(fresh) < wanted and not self.exhausted:
-                try:
-                    fresh.extend(self._pull())
-                except StopIteration:
-                    break
-            fresh, self._buffer = fresh[:wanted], fresh[wanted:]
-            if not from_queue and not fresh:
-                raise StopIteration
-            return from_queue, fresh
+            return self._next_samples()
+
+    def runs_whole(self) -> bool:
+        """Whether the next sample-level batches are the batch sampler's own,
+        at consecutive positions from a multiple of the batch size: nothing
+        queued or carried over ahead of them."""
+        with self.lock:
+            ledger = self.ledger
+            return (
+                not ledger.queued
+                and not self._buffer
+                and ledger.next_position % self._batch_size == 0
+            )
+
+    def next_run(self) -> tuple[int, list[Any]]:
+        """The next sample-level batch handed out whole (see `runs_whole`):
+        the position of its first sample and its indices, the others at the
+        positions that follow. StopIteration at the epoch's end."""
+        with self.lock:
+            from_queue, fresh = self._next_samples()
+            assert from_queue == 0, "a whole run follows no queued sample"
+            first = self.ledger.next_position
+            self.ledger.hand_out(0, fresh)
+            return first, fresh
+
+    def _next_samples(self) -> tuple[int, list[Any]]:
+        # Under the lock.
+        size = self._batch_size
+        from_queue = min(self.ledger.queued, size)
+        wanted = size - from_queue
+        fresh = self._buffer
+        while len(fresh) < wanted and not self.exhausted:
+            try:
+                fresh.extend(self._pull())
+            except StopIteration:
+                break
+        fresh, self._buffer = fresh[:wanted], fresh[wanted:]
+        if not from_queue and not fresh:
+            raise StopIteration
+        return from_queue, fresh
 
     def delivered(self, tags: list[int]) -> None:
         with self.lock:

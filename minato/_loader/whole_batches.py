@@ -9,11 +9,13 @@ batches 1.2-1.5x the samples/s of the sample path at 16 and 32 workers).
 An epoch that moved no sample delivered torch's batches in torch's order,
 which whole batches in order load as well, each sample drawing the same
 random numbers (minato._task.seed). So, from `MIN_WORKERS` workers on, once
-an epoch on single samples ran to its end and moved none, the loader's next
-epochs load whole batches; where the training loop then waits on a batch as
-long as a late sample would have made it wait (`stalls`), or waits
-longer per batch over an epoch than it did on single samples, it goes back
-to single samples for good.
+an epoch's first batches on single samples moved none (`SWITCH_AFTER`
+batches of every worker's, after its first, with enough of the epoch
+left), the rest of the epoch and the loader's next epochs load whole
+batches; where the training loop then waits on a batch as long as a late
+sample would have made it wait (`stalls`), or waits longer per batch than
+it did on single samples, the loader's next epochs go back to single
+samples for good.
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ from typing import Any
 # sample path's own cost is small beside the samples' and its guarantee is
 # kept.
 MIN_WORKERS = 8
+# An epoch on single samples hands over to whole batches once this many
+# batches of every worker's, past its first, came with no sample moved.
+SWITCH_AFTER = 2
+# ...and while at least this many batches of every worker's are left: at
+# an epoch's end a whole batch takes a worker a batch's time, where single
+# samples share the last batches among all workers.
+SWITCH_ROUNDS_LEFT = 4
 # A wait on a batch that a sample moved to a later batch would have spared
 # the loop: at least this long (a late sample's floor, README "Order and
 # slow samples")...
@@ -78,6 +87,17 @@ class WholeBatchChoice:
         if self.earned:
             self.samples_wait = waited / batches
             self.reason = f"an epoch of {batches} batches moved no sample: whole batches, in order"
+
+    def samples_part_ended(self, batches: int, waited: float) -> None:
+        """An epoch's first `batches` on single samples (past the settling
+        ones) moved no sample, the loop waiting `waited` seconds on them:
+        the rest of the epoch loads whole batches."""
+        self.earned = True
+        self.samples_wait = waited / batches
+        self.reason = (
+            f"{batches} batches of an epoch on single samples moved no sample: whole "
+            "batches, in order, from its next batch"
+        )
 
     def whole_epoch_ended(self, batches: int, waited: float) -> None:
         """An epoch of whole batches ran to its end; the loop waited
