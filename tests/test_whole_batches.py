@@ -218,8 +218,9 @@ def test_an_epoch_that_moved_a_sample_earns_no_whole_batches() -> None:
 
 
 # Enough batches that an epoch hands over to whole batches part way: after
-# every worker's first batch and SWITCH_AFTER more of each.
-HANDOVER_BATCH = (1 + SWITCH_AFTER) * MIN_WORKERS
+# those prefetched at its start (two of each worker's) and SWITCH_AFTER more
+# of each.
+HANDOVER_BATCH = (2 + SWITCH_AFTER) * MIN_WORKERS
 LONG_EPOCH = 8 * (HANDOVER_BATCH + 8 * MIN_WORKERS)
 
 
@@ -335,3 +336,32 @@ def test_an_epoch_hands_over_only_on_threads_with_the_choice_left_to_minato(opti
     seen = [index for indices, _, _ in batches for index in indices.tolist()]
     assert sorted(seen) == list(range(LONG_EPOCH))
     assert not _handed_over(batches)
+
+
+class WorkerRecording(Indexed):
+    """Indexed's samples; records which worker thread loaded each, by id."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.loaded_by: list[tuple[int, int]] = []  # shared by every worker's copy
+
+    def __getitem__(self, index: int):
+        info = tud.get_worker_info()
+        assert info is not None
+        self.loaded_by.append((info.id, threading.get_ident()))
+        return super().__getitem__(index)
+
+
+def test_no_worker_id_is_given_twice_across_the_hand_over() -> None:
+    dataset = WorkerRecording(LONG_EPOCH)
+    loader = _loader(dataset, worker_method="thread")
+    batches = iter(loader)
+    for _ in batches:
+        pass
+    threads_of: dict[int, set[int]] = {}
+    for worker_id, thread in dataset.loaded_by:
+        threads_of.setdefault(worker_id, set()).add(thread)
+    assert all(len(threads) == 1 for threads in threads_of.values()), threads_of
+    if _handed_over(batches):
+        # Both pools loaded samples: more ids than one pool's workers.
+        assert len(threads_of) > MIN_WORKERS

@@ -30,7 +30,7 @@ from minato._loader.whole_batches import (
     EpochWaits,
     stalls,
 )
-from minato._loader.workers import worker_factory
+from minato._loader.workers import WorkerIds, worker_factory
 from minato._minato import (
     ArenaPool,
     Engine,
@@ -843,8 +843,11 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         opens_samples = self._opens_samples = (
             self._processes is not None and not self._processes.keep_leaves
         )
+        self._worker_ids = WorkerIds()
         return SampleEngine(
-            worker_factory(spec, samples=True, processes=self._processes),
+            self._worker_ids.numbered(
+                worker_factory(spec, samples=True, processes=self._processes)
+            ),
             sample_collator(
                 self._collate_fn,
                 pin=self._pin_memory,
@@ -937,6 +940,10 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         self._waits = EpochWaits(settling=loader.num_workers)
         # Whether this epoch may still hand over to whole batches.
         self._may_switch = not self._skip_errors and loader._whole_batches.eligible(loader)
+        # What a hand-over compares whole batches with: the loop's waits once
+        # the batches prefetched at the start are used up (the loop takes
+        # those without waiting, whichever way they were loaded).
+        self._handover_waits = EpochWaits(settling=self._batches_in_flight(loader))
         super()._reset(loader, first_iter)
         if self._method.processes:
             self._on_processes()
@@ -954,9 +961,12 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         choice = loader._whole_batches
         moved = self._recorder.snapshot().moved_samples - self._moved_before
         whole = self._whole_waits
-        if whole is not None and not moved:
-            # Judged on as many batches as the single samples were, at least.
-            if whole.batches >= self._waits.batches:
+        if whole is not None:
+            # None moved before the hand-over; a sample the old engine moved
+            # as it emptied (its workers sharing the cores with the new
+            # pool's) says nothing of whole batches. They are judged on as
+            # many batches as the single samples were, at least.
+            if whole.batches >= self._handover_waits.batches:
                 choice.whole_epoch_ended(whole.batches, whole.waited)
         else:
             choice.samples_epoch_ended(moved, self._waits.batches, self._waits.waited)
@@ -967,7 +977,10 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             self._judge_wait(self._whole_waits, samples, waited)
             return
         self._waits.add(waited)
-        if self._may_switch and self._waits.batches >= SWITCH_AFTER * self._num_workers:
+        if not self._may_switch:
+            return
+        self._handover_waits.add(waited)
+        if self._handover_waits.batches >= SWITCH_AFTER * self._num_workers:
             self._consider_switch()
 
     def _consider_switch(self) -> None:
@@ -1013,8 +1026,11 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         old = self._engine
         assert isinstance(old, SampleEngine)
         self._may_switch = False
-        loader._whole_batches.samples_part_ended(self._waits.batches, self._waits.waited)
-        workers = max(1, old.stats()["workers"])
+        waits = self._handover_waits
+        loader._whole_batches.samples_part_ended(waits.batches, waits.waited)
+        # An adaptive pool goes on from its size now, a fixed one keeps its own.
+        adaptive = self._max_workers(loader) is not None
+        workers = max(1, old.stats()["workers"]) if adaptive else self._num_workers
         # The old pool loads what it has and grows no more as it empties.
         old.fix_workers(workers)
         self._in_flight = self._batches_in_flight(loader)
@@ -1023,7 +1039,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         self._whole_waits = EpochWaits(settling=self._num_workers)
         self._draining = old
         self._engine = Engine(
-            worker_factory(self._spec, processes=None),
+            self._worker_ids.fresh(worker_factory(self._spec, processes=None)),
             EXHAUSTED,
             num_workers=workers,
             max_in_flight=self._in_flight,

@@ -9,9 +9,9 @@ batches 1.2-1.5x the samples/s of the sample path at 16 and 32 workers).
 An epoch that moved no sample delivered torch's batches in torch's order,
 which whole batches in order load as well, each sample drawing the same
 random numbers (minato._task.seed). So, from `MIN_WORKERS` workers on, once
-an epoch's first batches on single samples moved none (`SWITCH_AFTER`
-batches of every worker's, after its first, with enough of the epoch
-left), the rest of the epoch and the loader's next epochs load whole
+an epoch's first batches on single samples moved none (those prefetched at
+its start and `SWITCH_AFTER` more of every worker's, with enough of the
+epoch left), the rest of the epoch and the loader's next epochs load whole
 batches; where the training loop then waits on a batch as long as a late
 sample would have made it wait (`stalls`), or waits longer per batch than
 it did on single samples, the loader's next epochs go back to single
@@ -27,7 +27,9 @@ from typing import Any
 # kept.
 MIN_WORKERS = 8
 # An epoch on single samples hands over to whole batches once this many
-# batches of every worker's, past its first, came with no sample moved.
+# batches of every worker's, past those prefetched at its start, came with
+# no sample moved: the loop's waits on them are what whole batches are
+# judged against.
 SWITCH_AFTER = 2
 # ...and while at least this many batches of every worker's are left: at
 # an epoch's end a whole batch takes a worker a batch's time, where single

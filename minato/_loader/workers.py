@@ -7,6 +7,7 @@ process of its own (minato._process.workers)."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +65,46 @@ def worker_factory(
         return processes.runner(worker_id, samples, run)
 
     return make_worker
+
+
+class WorkerIds:
+    """An epoch's worker ids across the engines that load it: a sample-level
+    epoch that hands over to whole batches (minato._loader.iterator) runs
+    two pools at once for a while, and an id is never given twice.
+
+    The first engine's workers keep the ids it numbers them by until the
+    hand-over; from then on every worker of either engine, the new pool's
+    and a replacement the old one still starts, gets the next unused id."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 0
+        self._handed_over = False
+
+    def numbered(self, make_worker: Callable[[int], Any]) -> Callable[[int], Any]:
+        """The first engine's `make_worker`, its ids kept until the hand-over."""
+
+        def make(worker_id: int) -> Any:
+            with self._lock:
+                if self._handed_over:
+                    worker_id, self._next = self._next, self._next + 1
+                else:
+                    self._next = max(self._next, worker_id + 1)
+            return make_worker(worker_id)
+
+        return make
+
+    def fresh(self, make_worker: Callable[[int], Any]) -> Callable[[int], Any]:
+        """The engine handed over to's `make_worker`: every worker a new id."""
+        with self._lock:
+            self._handed_over = True
+
+        def make(_engine_id: int) -> Any:
+            with self._lock:
+                worker_id, self._next = self._next, self._next + 1
+            return make_worker(worker_id)
+
+        return make
 
 
 def _isolate_thread(
