@@ -241,24 +241,21 @@ def test_a_fresh_loaders_first_epoch_hands_over_to_whole_batches_each_sample_onc
     torch.manual_seed(0)
     loader = _loader(Indexed(LONG_EPOCH), worker_method="thread")
     batches = iter(loader)
-    in_flight = loader.prefetch_factor * MIN_WORKERS
-    bound: int | None = None
+    in_flight = loader.prefetch_factor * loader.effective_max_workers()
     seen: list[int] = []
     draws = hashlib.sha256()
     for indices, values, collated in batches:
         seen.extend(indices.tolist())
         draws.update(values.numpy().tobytes() + collated.numpy().tobytes())
-        # The new engine holds at most what one would; the two together at
-        # most what the old one held, or a batch for each worker beyond one's.
-        engine, draining = batches._engine, batches._draining
-        if draining is not None and engine is not None:
+        # One pool at a time: the engine the epoch hands over from empties
+        # before the whole batches' engine starts.
+        if batches._draining is not None:
+            assert batches._engine is batches._draining
+        engine = batches._engine
+        if _handed_over(batches) and batches._draining is None and engine is not None:
+            # And it holds what one loader's prefetch would (which scales
+            # with the adaptive pool, up to its bound).
             assert engine.pending() <= in_flight
-            held = draining.pending() + engine.pending()
-            if bound is None:
-                # A batch for each of the new pool's workers (as many as the
-                # old pool had, which the adaptive controller may have grown).
-                bound = max(held, in_flight + batches._handover_workers)
-            assert held <= bound
     stats = loader.stats()
     after = torch.rand(()).item()
     assert sorted(seen) == list(range(LONG_EPOCH))
