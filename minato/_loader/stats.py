@@ -240,9 +240,8 @@ class StatsRecorder:
         self._history: list[tuple[float, int]] = []
         self._resizes: list[PoolResize] = []
         self._last: dict[str, Any] = {}
-        # Engines running now, each with when it started (from `started`):
-        # two while a sample-level epoch hands over to whole batches.
-        self._live: list[tuple[Any, float]] = []
+        self._live: Any = None
+        self._live_offset = 0.0
         self.gil_hint_given = False
         # The loader's WorkerMethod (None without workers).
         self.method: Any = None
@@ -257,22 +256,15 @@ class StatsRecorder:
         with self._lock:
             if self.started is None:
                 self.started = now
-            if engine is not None:  # None: loading on the calling thread
-                self._live.append((engine, now - self.started))
-
-    def _take_live(self, engine: Any) -> float:
-        """Drops `engine` from the live ones; when it started."""
-        for position, (live, offset) in enumerate(self._live):
-            if live is engine:
-                del self._live[position]
-                return offset
-        return 0.0
+            self._live = engine
+            self._live_offset = now - self.started
 
     def engine_stopped(self, engine: Any) -> None:
         figures = engine.stats()
         with self._lock:
-            offset = self._take_live(engine)
-            _add(self._closed, self._history, self._resizes, figures, offset)
+            if self._live is engine:
+                self._live = None
+            _add(self._closed, self._history, self._resizes, figures, self._live_offset)
             if figures["worker_history"]:
                 self.learned_workers = figures["worker_history"][-1][1]
             self._last = figures
@@ -281,7 +273,8 @@ class StatsRecorder:
         """In a fork child: ``engine``'s threads stayed in the parent, and its
         figures since it started cannot be read here (they are left out)."""
         with self._lock:
-            self._take_live(engine)
+            if self._live is engine:
+                self._live = None
 
     def delivered(self, samples: int, waited: float) -> None:
         """The training loop got a batch of `samples` after waiting `waited` seconds."""
@@ -297,7 +290,8 @@ class StatsRecorder:
 
     def snapshot(self) -> LoaderStats:
         with self._lock:
-            live = list(self._live)
+            live = self._live
+            offset = self._live_offset
             closed = dict(self._closed)
             history = list(self._history)
             resizes = list(self._resizes)
@@ -305,13 +299,13 @@ class StatsRecorder:
             started = self.started
             skipped_samples = self.skipped_samples
             failures = tuple(self._failures)
-        figures, workers = last, 0
-        # The newest engine's figures are the loader's now (its timeout,
-        # its fetch times); every live engine's workers and totals count.
-        for engine, offset in live:
-            figures = engine.stats()
+        if live is not None:
+            figures = live.stats()
             _add(closed, history, resizes, figures, offset)
-            workers += figures["workers"]
+            workers = figures["workers"]
+        else:
+            figures = last
+            workers = 0
         return LoaderStats(
             samples=self.samples,
             batches=self.batches,
