@@ -102,7 +102,7 @@ def measure(make_loader, after_epochs: int = 0) -> tuple[float, float, float]:
         # The pool is shut down after the epoch: its last size is history.
         history = stats.worker_history or [(0.0, stats.workers)]
         single = type(iterator).__name__ == "_SampleDataLoaderIter"
-        handed_over = getattr(iterator, "_whole_waits", None) is not None
+        handed_over = getattr(iterator, "_handed_over", False)
         path = "single samples" if single else "whole batches"
         if handed_over:
             path = "single samples, then whole batches"

@@ -93,7 +93,7 @@ def test_an_epoch_that_moved_no_sample_is_followed_by_whole_batches_that_draw_th
     assert kinds[:2] == [_SampleDataLoaderIter, _WholeBatchDataLoaderIter]
     assert kinds[2] in (_SampleDataLoaderIter, _WholeBatchDataLoaderIter)
     assert stats.moved_samples == 0
-    # Timing decides whether the loop waited longer per batch on an epoch of
+    # Timing decides whether the loop took longer per batch on an epoch of
     # whole batches (then later epochs go back); the reason says which.
     reason = stats.whole_batches_reason or ""
     assert "moved no sample" in reason or "single samples again" in reason
@@ -196,24 +196,24 @@ def test_a_state_saved_on_either_path_resumes_in_a_fresh_loader(stop_on: str) ->
     assert digest.hexdigest() == expected[epoch]
 
 
-def test_whole_batches_that_keep_the_loop_waiting_longer_per_batch_are_given_up() -> None:
+def test_whole_batches_on_which_the_loop_takes_longer_per_batch_are_given_up() -> None:
     # As skewed samples do (hol.py's speech-3s): none moved, but the whole
     # pool working on the next batch fed the loop faster than whole batches.
     choice = WholeBatchChoice()
-    choice.samples_epoch_ended(moved=0, batches=40, waited=0.4)
+    choice.samples_epoch_ended(moved=0, batches=40, spent=0.4)
     assert choice.earned and not choice.lost
-    choice.whole_epoch_ended(batches=40, waited=0.44)  # within the tolerance
+    choice.whole_epoch_ended(batches=40, spent=0.44)  # within the tolerance
     assert not choice.lost
-    choice.whole_epoch_ended(batches=40, waited=0.75)
+    choice.whole_epoch_ended(batches=40, spent=0.75)
     assert choice.lost and "single samples again" in (choice.reason or "")
     # For good.
-    choice.samples_epoch_ended(moved=0, batches=40, waited=0.1)
+    choice.samples_epoch_ended(moved=0, batches=40, spent=0.1)
     assert choice.lost
 
 
 def test_an_epoch_that_moved_a_sample_earns_no_whole_batches() -> None:
     choice = WholeBatchChoice()
-    choice.samples_epoch_ended(moved=1, batches=40, waited=0.4)
+    choice.samples_epoch_ended(moved=1, batches=40, spent=0.4)
     assert not choice.earned and choice.reason is None
 
 
@@ -221,7 +221,7 @@ def test_an_epoch_that_moved_a_sample_earns_no_whole_batches() -> None:
 # those prefetched at its start (two of each worker's) and SWITCH_AFTER more
 # of each.
 HANDOVER_BATCH = (2 + SWITCH_AFTER) * MIN_WORKERS
-LONG_EPOCH = 8 * (HANDOVER_BATCH + 8 * MIN_WORKERS)
+LONG_EPOCH = 8 * (HANDOVER_BATCH + 12 * MIN_WORKERS)
 
 
 class Indexed(Drawing):
@@ -233,7 +233,7 @@ class Indexed(Drawing):
 
 
 def _handed_over(batches: object) -> bool:
-    return getattr(batches, "_whole_waits", None) is not None
+    return getattr(batches, "_handed_over", False)
 
 
 def test_a_fresh_loaders_first_epoch_hands_over_to_whole_batches_each_sample_once() -> None:

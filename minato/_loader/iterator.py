@@ -27,7 +27,7 @@ from minato._loader.whole_batches import (
     STALL_FLOOR_S,
     SWITCH_AFTER,
     SWITCH_ROUNDS_LEFT,
-    EpochWaits,
+    EpochPace,
     stalls,
 )
 from minato._loader.workers import WorkerIds, worker_factory
@@ -503,10 +503,10 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
     def _epoch_completed(self) -> None:
         """The epoch's every batch was delivered."""
 
-    def _judge_wait(self, waits: EpochWaits, samples: int, waited: float) -> None:
-        """Counts a wait on a batch of whole samples; one a late sample
+    def _judge_wait(self, pace: EpochPace, samples: int, waited: float) -> None:
+        """Counts a batch of whole samples; a wait on it that a late sample
         would have made sends the loader's next epochs back to single samples."""
-        if waits.add(waited) and waited > STALL_FLOOR_S:
+        if pace.add() and waited > STALL_FLOOR_S:
             fetch_p50 = self._recorder.snapshot().fetch_p50
             loader = self._loader()
             if loader is not None and stalls(waited, samples, fetch_p50):
@@ -785,13 +785,13 @@ class _WholeBatchDataLoaderIter(_ThreadDataLoaderIter):
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         # Until every worker delivered its first batch, waits are their start.
-        self._waits = EpochWaits(settling=loader.num_workers)
+        self._waits = EpochPace(settling=loader.num_workers)
         super()._reset(loader, first_iter)
 
     def _epoch_completed(self) -> None:
         loader = self._loader()
         if loader is not None:
-            loader._whole_batches.whole_epoch_ended(self._waits.batches, self._waits.waited)
+            loader._whole_batches.whole_epoch_ended(self._waits.batches, self._waits.spent)
 
     def _report(self, samples: int, waited: float) -> None:
         super()._report(samples, waited)
@@ -928,27 +928,29 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         return True
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
-        if self._whole_waits is not None:
+        if self._handed_over:
             # Never so far: a persistent iterator that handed over is
             # replaced (`reusable`). Its next epoch starts on single samples.
             self._shutdown(SHUTDOWN_GRACE_S)
         self._moved_before = self._recorder.snapshot().moved_samples
-        self._waits = EpochWaits(settling=loader.num_workers)
+        self._waits = EpochPace(settling=loader.num_workers)
         # Whether this epoch may still hand over to whole batches.
         self._may_switch = not self._skip_errors and loader._whole_batches.eligible(loader)
         # What a hand-over compares whole batches with: the loop's waits once
         # the batches prefetched at the start are used up (the loop takes
         # those without waiting, whichever way they were loaded).
-        self._handover_waits = EpochWaits(settling=self._batches_in_flight(loader))
+        self._handover_waits = EpochPace(settling=self._batches_in_flight(loader))
         super()._reset(loader, first_iter)
         if self._method.processes:
             self._on_processes()
 
-    # Set once an epoch hands over to whole batches: the loop's waits on them.
-    _whole_waits: EpochWaits | None = None
+    # Set once an epoch hands over to whole batches...
+    _handed_over = False
+    # ...and, once their pool runs, the loop's waits on them.
+    _whole_waits: EpochPace | None = None
 
     def reusable(self) -> bool:
-        return self._whole_waits is None
+        return not self._handed_over
 
     def _epoch_completed(self) -> None:
         loader = self._loader()
@@ -957,25 +959,26 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         choice = loader._whole_batches
         moved = self._recorder.snapshot().moved_samples - self._moved_before
         whole = self._whole_waits
-        if whole is not None:
+        if self._handed_over:
             # None moved before the hand-over; a sample the old engine moved
-            # as it emptied (its workers sharing the cores with the new
-            # pool's) says nothing of whole batches. They are judged on as
-            # many batches as the single samples were, at least.
-            if whole.batches >= self._handover_waits.batches:
-                choice.whole_epoch_ended(whole.batches, whole.waited)
+            # as it emptied says nothing of whole batches. They are judged
+            # on as many batches as the single samples were, at least.
+            if whole is not None and whole.batches >= self._handover_waits.batches:
+                choice.whole_epoch_ended(whole.batches, whole.spent)
         else:
-            choice.samples_epoch_ended(moved, self._waits.batches, self._waits.waited)
+            choice.samples_epoch_ended(moved, self._waits.batches, self._waits.spent)
 
     def _report(self, samples: int, waited: float) -> None:
         super()._report(samples, waited)
-        if self._whole_waits is not None:
-            self._judge_wait(self._whole_waits, samples, waited)
+        if self._handed_over:
+            # The emptying engine's batches are neither way's to judge.
+            if self._whole_waits is not None:
+                self._judge_wait(self._whole_waits, samples, waited)
             return
-        self._waits.add(waited)
+        self._waits.add()
         if not self._may_switch:
             return
-        self._handover_waits.add(waited)
+        self._handover_waits.add()
         if self._handover_waits.batches >= SWITCH_AFTER * self._num_workers:
             self._consider_switch()
 
@@ -1030,7 +1033,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         assert isinstance(old, SampleEngine)
         self._may_switch = False
         waits = self._handover_waits
-        loader._whole_batches.samples_part_ended(waits.batches, waits.waited)
+        loader._whole_batches.samples_part_ended(waits.batches, waits.spent)
         # An adaptive pool goes on from its size now, a fixed one keeps its own.
         max_workers = self._max_workers(loader)
         workers = self._num_workers if max_workers is None else max(1, old.stats()["workers"])
@@ -1038,13 +1041,14 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         old.fix_workers(workers)
         self._whole_pool = (workers, self._batches_in_flight(loader), max_workers)
         self._run_sizes: dict[int, int] = {}
-        self._whole_waits = EpochWaits(settling=self._num_workers)
+        self._handed_over = True
         self._draining = old
         logger.info("minato: %s", loader._whole_batches.reason)
 
     def _forked(self) -> None:
         super()._forked()
         # The epoch goes on here on single samples (`_continue_in_child`).
+        self._handed_over = False
         self._whole_waits = None
         self._may_switch = False
 
@@ -1072,6 +1076,9 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             shutdown_grace=SHUTDOWN_GRACE_S,
         )
         self._recorder.engine_started(self._engine)
+        # Until every new worker delivered its first batch, waits are their
+        # start (all at once: a batch's loading time, then a batch each).
+        self._whole_waits = EpochPace(settling=workers)
         self._submit_ready()
 
     def _can_submit(self, engine: Any) -> bool:
@@ -1089,7 +1096,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
     def _submit_next(self, engine: Any) -> bool:
         epoch = self._epoch
         assert isinstance(epoch, EpochStream)
-        if self._whole_waits is not None:
+        if self._handed_over:
             # Each sample draws as on its own, from its position (the first's
             # and those after it), the collate as the sample path's would.
             first, indices = epoch.next_run()

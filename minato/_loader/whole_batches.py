@@ -13,13 +13,14 @@ an epoch's first batches on single samples moved none (those prefetched at
 its start and `SWITCH_AFTER` more of every worker's, with enough of the
 epoch left), the rest of the epoch and the loader's next epochs load whole
 batches; where the training loop then waits on a batch as long as a late
-sample would have made it wait (`stalls`), or waits longer per batch than
-it did on single samples, the loader's next epochs go back to single
-samples for good.
+sample would have made it wait (`stalls`), or takes longer per batch
+(`EpochPace`) than it did on single samples, the loader's next epochs go
+back to single samples for good.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 # The fewest workers whose loader may move to whole batches: below, the
@@ -46,13 +47,13 @@ STALL_FLOOR_S = 0.1
 STALL_BATCH_TIMES = 3
 
 
-# An epoch of whole batches keeps them only if the loop waited on its batches
-# at most this much longer, per batch, than on the single samples' epoch
-# that earned them (a share, and seconds beside it for epochs the loop did
-# not wait in): an epoch that moved no sample may still have gained from
-# the whole pool working on the next batch (skewed samples: hol.py).
-WAIT_TOLERANCE = 0.15
-WAIT_TOLERANCE_S = 0.0005
+# An epoch of whole batches keeps them only if the loop took at most this
+# much longer per batch than on the single samples that earned them (a
+# share, and seconds beside it for loops that never wait): an epoch that
+# moved no sample may still have gained from the whole pool working on the
+# next batch (skewed samples: hol.py).
+PACE_TOLERANCE = 0.15
+PACE_TOLERANCE_S = 0.0005
 
 
 class WholeBatchChoice:
@@ -61,9 +62,9 @@ class WholeBatchChoice:
     def __init__(self) -> None:
         self.earned = False
         self.lost = False
-        # The loop's wait per batch over the epoch of single samples that
-        # earned whole batches.
-        self.samples_wait: float | None = None
+        # The loop's time per batch over the single samples that earned
+        # whole batches (see EpochPace).
+        self.samples_pace: float | None = None
         # Why the loader loads as it does now, for stats().
         self.reason: str | None = None
 
@@ -80,38 +81,38 @@ class WholeBatchChoice:
     def wanted(self, loader: Any) -> bool:
         return self.earned and not self.lost and self.eligible(loader)
 
-    def samples_epoch_ended(self, moved: int, batches: int, waited: float) -> None:
-        """An epoch on single samples ran to its end; the loop waited
-        `waited` seconds on its batches."""
+    def samples_epoch_ended(self, moved: int, batches: int, spent: float) -> None:
+        """An epoch on single samples ran to its end; the loop took `spent`
+        seconds over its `batches` (see EpochPace)."""
         if self.lost or batches == 0:
             return
         self.earned = moved == 0
         if self.earned:
-            self.samples_wait = waited / batches
+            self.samples_pace = spent / batches
             self.reason = f"an epoch of {batches} batches moved no sample: whole batches, in order"
 
-    def samples_part_ended(self, batches: int, waited: float) -> None:
+    def samples_part_ended(self, batches: int, spent: float) -> None:
         """An epoch's first `batches` on single samples (past the settling
-        ones) moved no sample, the loop waiting `waited` seconds on them:
+        ones) moved no sample, the loop taking `spent` seconds over them:
         the rest of the epoch loads whole batches."""
         self.earned = True
-        self.samples_wait = waited / batches
+        self.samples_pace = spent / batches
         self.reason = (
             f"{batches} batches of an epoch on single samples moved no sample: whole "
             "batches, in order, from its next batch"
         )
 
-    def whole_epoch_ended(self, batches: int, waited: float) -> None:
-        """An epoch of whole batches ran to its end; the loop waited
-        `waited` seconds on its batches."""
-        if self.lost or batches == 0 or self.samples_wait is None:
+    def whole_epoch_ended(self, batches: int, spent: float) -> None:
+        """An epoch of whole batches ran to its end; the loop took `spent`
+        seconds over its `batches`."""
+        if self.lost or batches == 0 or self.samples_pace is None:
             return
-        wait = waited / batches
-        if wait > self.samples_wait * (1 + WAIT_TOLERANCE) + WAIT_TOLERANCE_S:
+        pace = spent / batches
+        if pace > self.samples_pace * (1 + PACE_TOLERANCE) + PACE_TOLERANCE_S:
             self.lost = True
             self.reason = (
-                f"the loop waited {wait * 1e3:.1f} ms a batch on whole batches against "
-                f"{self.samples_wait * 1e3:.1f} ms on single samples: single samples again"
+                f"the loop took {pace * 1e3:.1f} ms a batch on whole batches against "
+                f"{self.samples_pace * 1e3:.1f} ms on single samples: single samples again"
             )
 
     def stalled(self, waited: float) -> None:
@@ -123,25 +124,32 @@ class WholeBatchChoice:
         )
 
 
-class EpochWaits:
-    """The loop's waits on an epoch's batches once its first `settling` (the
-    workers starting, in every epoch of a loader without persistent
-    workers) are in: what the two ways of loading are compared by, and
-    what a stall is judged among."""
+class EpochPace:
+    """The loop's time per batch over an epoch (from one batch handed to it
+    to the next: its own step and its wait together), once its first
+    `settling` batches (the workers starting, in every epoch of a loader
+    without persistent workers) are in: what the two ways of loading are
+    compared by. Not the wait alone: on single samples many workers take
+    the GIL from the training thread between its waits, which the wait
+    does not show and the pace does."""
 
     def __init__(self, settling: int) -> None:
         self.settling = settling
         self.seen = 0
         self.batches = 0
-        self.waited = 0.0
+        self.spent = 0.0
+        self._last: float | None = None
 
-    def add(self, waited: float) -> bool:
-        """Counts a batch's wait; whether it is past the settling batches."""
+    def add(self) -> bool:
+        """Counts a batch handed to the loop now; whether it is past the
+        settling batches."""
+        now = time.perf_counter()
+        last, self._last = self._last, now
         self.seen += 1
-        if self.seen <= self.settling:
+        if self.seen <= self.settling or last is None:
             return False
         self.batches += 1
-        self.waited += waited
+        self.spent += now - last
         return True
 
 
