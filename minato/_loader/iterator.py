@@ -503,7 +503,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
     def _epoch_completed(self) -> None:
         """The epoch's every batch was delivered."""
 
-    def _judge_wait(self, pace: EpochPace, samples: int, waited: float) -> None:
+    def _judge_pace(self, pace: EpochPace, samples: int, waited: float) -> None:
         """Counts a batch of whole samples; a wait on it that a late sample
         would have made sends the loader's next epochs back to single samples."""
         if pace.add() and waited > STALL_FLOOR_S:
@@ -784,18 +784,18 @@ class _WholeBatchDataLoaderIter(_ThreadDataLoaderIter):
         super().__init__(loader, in_order=True)
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
-        # Until every worker delivered its first batch, waits are their start.
-        self._waits = EpochPace(settling=loader.num_workers)
+        # Until every worker delivered its first batch, the pace is their start.
+        self._pace = EpochPace(settling=loader.num_workers)
         super()._reset(loader, first_iter)
 
     def _epoch_completed(self) -> None:
         loader = self._loader()
         if loader is not None:
-            loader._whole_batches.whole_epoch_ended(self._waits.batches, self._waits.spent)
+            loader._whole_batches.whole_epoch_ended(self._pace.batches, self._pace.spent)
 
     def _report(self, samples: int, waited: float) -> None:
         super()._report(samples, waited)
-        self._judge_wait(self._waits, samples, waited)
+        self._judge_pace(self._pace, samples, waited)
 
 
 class _SampleDataLoaderIter(_ThreadDataLoaderIter):
@@ -933,21 +933,21 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             # replaced (`reusable`). Its next epoch starts on single samples.
             self._shutdown(SHUTDOWN_GRACE_S)
         self._moved_before = self._recorder.snapshot().moved_samples
-        self._waits = EpochPace(settling=loader.num_workers)
+        self._pace = EpochPace(settling=loader.num_workers)
         # Whether this epoch may still hand over to whole batches.
         self._may_switch = not self._skip_errors and loader._whole_batches.eligible(loader)
-        # What a hand-over compares whole batches with: the loop's waits once
+        # What a hand-over compares whole batches with: the loop's pace once
         # the batches prefetched at the start are used up (the loop takes
         # those without waiting, whichever way they were loaded).
-        self._handover_waits = EpochPace(settling=self._batches_in_flight(loader))
+        self._handover_pace = EpochPace(settling=self._batches_in_flight(loader))
         super()._reset(loader, first_iter)
         if self._method.processes:
             self._on_processes()
 
     # Set once an epoch hands over to whole batches...
     _handed_over = False
-    # ...and, once their pool runs, the loop's waits on them.
-    _whole_waits: EpochPace | None = None
+    # ...and, once their pool runs, the loop's pace on them.
+    _whole_pace: EpochPace | None = None
 
     def reusable(self) -> bool:
         return not self._handed_over
@@ -958,28 +958,28 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             return
         choice = loader._whole_batches
         moved = self._recorder.snapshot().moved_samples - self._moved_before
-        whole = self._whole_waits
+        whole = self._whole_pace
         if self._handed_over:
             # None moved before the hand-over; a sample the old engine moved
             # as it emptied says nothing of whole batches. They are judged
             # on as many batches as the single samples were, at least.
-            if whole is not None and whole.batches >= self._handover_waits.batches:
+            if whole is not None and whole.batches >= self._handover_pace.batches:
                 choice.whole_epoch_ended(whole.batches, whole.spent)
         else:
-            choice.samples_epoch_ended(moved, self._waits.batches, self._waits.spent)
+            choice.samples_epoch_ended(moved, self._pace.batches, self._pace.spent)
 
     def _report(self, samples: int, waited: float) -> None:
         super()._report(samples, waited)
         if self._handed_over:
             # The emptying engine's batches are neither way's to judge.
-            if self._whole_waits is not None:
-                self._judge_wait(self._whole_waits, samples, waited)
+            if self._whole_pace is not None:
+                self._judge_pace(self._whole_pace, samples, waited)
             return
-        self._waits.add()
+        self._pace.add()
         if not self._may_switch:
             return
-        self._handover_waits.add()
-        if self._handover_waits.batches >= SWITCH_AFTER * self._num_workers:
+        self._handover_pace.add()
+        if self._handover_pace.batches >= SWITCH_AFTER * self._num_workers:
             self._consider_switch()
 
     def _consider_switch(self) -> None:
@@ -1032,8 +1032,8 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         old = self._engine
         assert isinstance(old, SampleEngine)
         self._may_switch = False
-        waits = self._handover_waits
-        loader._whole_batches.samples_part_ended(waits.batches, waits.spent)
+        pace = self._handover_pace
+        loader._whole_batches.samples_part_ended(pace.batches, pace.spent)
         # An adaptive pool goes on from its size now, a fixed one keeps its own.
         max_workers = self._max_workers(loader)
         workers = self._num_workers if max_workers is None else max(1, old.stats()["workers"])
@@ -1049,7 +1049,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         super()._forked()
         # The epoch goes on here on single samples (`_continue_in_child`).
         self._handed_over = False
-        self._whole_waits = None
+        self._whole_pace = None
         self._may_switch = False
 
     def _retire_draining(self) -> None:
@@ -1076,9 +1076,9 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             shutdown_grace=SHUTDOWN_GRACE_S,
         )
         self._recorder.engine_started(self._engine)
-        # Until every new worker delivered its first batch, waits are their
-        # start (all at once: a batch's loading time, then a batch each).
-        self._whole_waits = EpochPace(settling=workers)
+        # Until every new worker delivered its first batch, the loop's pace is
+        # their start (all at once: a batch's loading time, then a batch each).
+        self._whole_pace = EpochPace(settling=workers)
         self._submit_ready()
 
     def _can_submit(self, engine: Any) -> bool:
