@@ -932,6 +932,8 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             # Never so far: a persistent iterator that handed over is
             # replaced (`reusable`). Its next epoch starts on single samples.
             self._shutdown(SHUTDOWN_GRACE_S)
+            self._handed_over = False
+            self._whole_pace = None
         self._moved_before = self._recorder.snapshot().moved_samples
         self._pace = EpochPace(settling=loader.num_workers)
         # Whether this epoch may still hand over to whole batches.
@@ -1019,7 +1021,8 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             batches = len(self._index_sampler)
         except TypeError:
             return float("inf")
-        return batches - epoch.next_tag / max(1, self._samples_per_batch or 1)
+        assert self._samples_per_batch
+        return batches - epoch.next_tag / self._samples_per_batch
 
     def _switch_to_whole(self, loader: DataLoader) -> None:
         """The old engine gets no more samples and delivers what it holds;

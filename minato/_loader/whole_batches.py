@@ -29,8 +29,8 @@ from typing import Any
 MIN_WORKERS = 8
 # An epoch on single samples hands over to whole batches once this many
 # batches of every worker's, past those prefetched at its start, came with
-# no sample moved: the loop's waits on them are what whole batches are
-# judged against.
+# no sample moved: the loop's pace on them is what whole batches are judged
+# against.
 SWITCH_AFTER = 2
 # ...and while at least this many batches of every worker's are left: at
 # an epoch's end a whole batch takes a worker a batch's time, where single

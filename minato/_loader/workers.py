@@ -70,7 +70,7 @@ def worker_factory(
 class WorkerIds:
     """An epoch's worker ids across the engines that load it: a sample-level
     epoch that hands over to whole batches (minato._loader.iterator) runs
-    two pools at once for a while, and an id is never given twice.
+    two pools, one after the other, and an id is never given twice.
 
     The first engine's workers keep the ids it numbers them by until the
     hand-over; from then on every worker of either engine, the new pool's
