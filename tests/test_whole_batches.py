@@ -217,10 +217,10 @@ def test_an_epoch_that_moved_a_sample_earns_no_whole_batches() -> None:
     assert not choice.earned and choice.reason is None
 
 
-# Enough batches that an epoch hands over to whole batches part way: after
-# those prefetched at its start (two of each worker's) and SWITCH_AFTER more
-# of each.
-HANDOVER_BATCH = (2 + SWITCH_AFTER) * MIN_WORKERS
+# Enough batches that an epoch has handed over to whole batches part way:
+# at the latest, after one of each worker's as they start and SWITCH_AFTER
+# more of each.
+HANDOVER_BATCH = (1 + SWITCH_AFTER) * MIN_WORKERS
 LONG_EPOCH = 8 * (HANDOVER_BATCH + 12 * MIN_WORKERS)
 
 

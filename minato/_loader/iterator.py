@@ -26,6 +26,7 @@ from minato._loader.stats import StatsRecorder
 from minato._loader.whole_batches import (
     STALL_FLOOR_S,
     SWITCH_AFTER,
+    SWITCH_AFTER_DELIVERED,
     SWITCH_ROUNDS_LEFT,
     EpochPace,
     stalls,
@@ -938,10 +939,10 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         self._pace = EpochPace(settling=loader.num_workers)
         # Whether this epoch may still hand over to whole batches.
         self._may_switch = not self._skip_errors and loader._whole_batches.eligible(loader)
-        # What a hand-over compares whole batches with: the loop's pace once
-        # the batches prefetched at the start are used up (the loop takes
-        # those without waiting, whichever way they were loaded).
-        self._handover_pace = EpochPace(settling=self._batches_in_flight(loader))
+        # What a hand-over compares whole batches with: the loop's pace past
+        # the workers' start (an epoch's first batches come as its pool
+        # starts, on single samples as on whole batches).
+        self._handover_pace = EpochPace(settling=loader.num_workers)
         super()._reset(loader, first_iter)
         if self._method.processes:
             self._on_processes()
@@ -980,8 +981,15 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         self._pace.add()
         if not self._may_switch:
             return
-        self._handover_pace.add()
-        if self._handover_pace.batches >= SWITCH_AFTER * self._num_workers:
+        pace = self._handover_pace
+        pace.add()
+        # The batches in flight count too: the engine delivers them on
+        # single samples before whole batches start, a late one among them
+        # moving as it would have (see SWITCH_AFTER_DELIVERED).
+        wanted = SWITCH_AFTER * self._num_workers
+        if pace.batches >= SWITCH_AFTER_DELIVERED * self._num_workers and (
+            pace.batches >= wanted or pace.batches + self._engine.pending() >= wanted
+        ):
             self._consider_switch()
 
     def _consider_switch(self) -> None:
