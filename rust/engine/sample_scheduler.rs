@@ -358,6 +358,10 @@ where
                         return Err(err);
                     }
                     let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        // Only looking (see `workers::no_wait`).
+                        return Err(EngineError::WaitElapsed);
+                    }
                     match self.output.recv_timeout(left) {
                         Ok(output) => output,
                         Err(RecvTimeoutError::Timeout) => return Err(EngineError::WaitElapsed),

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, TryRecvError};
 
 use super::consumer_steps::ConsumerSteps;
 use super::dispatch::{Dispatch, Dispatcher};
@@ -214,13 +214,19 @@ impl<W: WorkerHooks> Workers<W> {
         Ok(worker)
     }
 
-    /// The next finished task, of any epoch, waiting at most `wait`.
+    /// The next finished task, of any epoch, waiting at most `wait`. With
+    /// no wait it only looks: a timed receive yields the thread's core a few
+    /// times before it gives up (see `no_wait`).
     pub fn recv(&mut self, wait: Duration) -> Result<Done<W::Output>, EngineError> {
         let results = self.results.as_ref().ok_or(EngineError::WorkersGone)?;
-        let done = results.recv_timeout(wait).map_err(|err| match err {
-            RecvTimeoutError::Timeout => EngineError::WaitElapsed,
-            RecvTimeoutError::Disconnected => EngineError::WorkersGone,
-        })?;
+        let done = if wait.is_zero() {
+            results.try_recv().map_err(no_wait)?
+        } else {
+            results.recv_timeout(wait).map_err(|err| match err {
+                RecvTimeoutError::Timeout => EngineError::WaitElapsed,
+                RecvTimeoutError::Disconnected => EngineError::WorkersGone,
+            })?
+        };
         self.received(done.worker);
         Ok(done)
     }
@@ -355,5 +361,19 @@ fn scale(bound: usize, workers: usize, initial: usize) -> usize {
 impl<W: WorkerHooks> Drop for Workers<W> {
     fn drop(&mut self) {
         self.shutdown_with_default_grace();
+    }
+}
+
+/// A receive that found nothing, without waiting. The consumer looks with
+/// the GIL held (rust/bindings/locked.rs: a result already waiting is taken
+/// without giving the GIL to a worker), and a timed receive, even of no
+/// time, first backs off with `sched_yield`: on cores kept busy by other
+/// processes each yield gives the core away for a scheduler slice, the GIL
+/// still held, and every worker thread waits for it (32 threads on 2 busy
+/// cores: loads stalled for seconds, benchmarks/RESULTS.md session 16).
+fn no_wait(err: TryRecvError) -> EngineError {
+    match err {
+        TryRecvError::Empty => EngineError::WaitElapsed,
+        TryRecvError::Disconnected => EngineError::WorkersGone,
     }
 }
