@@ -16,6 +16,7 @@ mod error;
 mod fetch_times;
 mod gil_contention;
 mod lifecycle;
+mod look;
 mod monitor;
 mod pool;
 mod sample_core;

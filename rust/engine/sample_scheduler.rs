@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 
+use super::look::look;
+
 use super::assembler::Assembler;
 use super::assembly_thread::{AssemblyThread, Output};
 use super::collate::{Collate, Uncollated};
@@ -359,14 +361,21 @@ where
                     }
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        // Only looking (see `workers::no_wait`).
-                        return Err(EngineError::WaitElapsed);
-                    }
-                    match self.output.recv_timeout(left) {
-                        Ok(output) => output,
-                        Err(RecvTimeoutError::Timeout) => return Err(EngineError::WaitElapsed),
-                        Err(RecvTimeoutError::Disconnected) => {
-                            return Err(EngineError::WorkersGone)
+                        // Only looking, with the GIL held (see `look`).
+                        match look(&self.output) {
+                            Ok(output) => output,
+                            Err(TryRecvError::Disconnected) => {
+                                return Err(EngineError::WorkersGone)
+                            }
+                            Err(TryRecvError::Empty) => return Err(EngineError::WaitElapsed),
+                        }
+                    } else {
+                        match self.output.recv_timeout(left) {
+                            Ok(output) => output,
+                            Err(RecvTimeoutError::Timeout) => return Err(EngineError::WaitElapsed),
+                            Err(RecvTimeoutError::Disconnected) => {
+                                return Err(EngineError::WorkersGone)
+                            }
                         }
                     }
                 }

@@ -163,6 +163,28 @@ fn recv_reports_an_elapsed_wait_and_the_result_still_arrives() {
 }
 
 #[test]
+fn a_zero_wait_only_looks_and_takes_a_result_already_waiting() {
+    // The consumer's first look for a batch is made with the GIL held: it
+    // answers at once, with the result if one is waiting.
+    let (mut engine, _) = start(config(1, 1, Order::Submission, Dispatch::Shared));
+    engine.submit(value_after(7, 200_000)).unwrap();
+    assert_eq!(engine.recv(Duration::ZERO), Err(EngineError::WaitElapsed));
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match engine.recv(Duration::ZERO) {
+            Ok(output) => {
+                assert_eq!(output.1, 7);
+                break;
+            }
+            Err(EngineError::WaitElapsed) if Instant::now() < deadline => {
+                thread::sleep(Duration::from_millis(1));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
 fn round_robin_gives_task_i_to_worker_i_mod_n_and_drops_exhausted_workers() {
     let (mut engine, _) = start(config(3, 6, Order::Submission, Dispatch::RoundRobin));
     for i in 0..3 {

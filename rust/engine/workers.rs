@@ -10,6 +10,7 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, TryRecvError};
 use super::consumer_steps::ConsumerSteps;
 use super::dispatch::{Dispatch, Dispatcher};
 use super::error::EngineError;
+use super::look::look;
 use super::monitor::{Monitor, MonitorConfig};
 use super::pool::{Deliver, Pool, WorkerHooks};
 use super::stats::{Ask, ConsumerWaiting, EngineStats, Occupancy};
@@ -215,12 +216,11 @@ impl<W: WorkerHooks> Workers<W> {
     }
 
     /// The next finished task, of any epoch, waiting at most `wait`. With
-    /// no wait it only looks: a timed receive yields the thread's core a few
-    /// times before it gives up (see `no_wait`).
+    /// no wait it only looks (see `look`).
     pub fn recv(&mut self, wait: Duration) -> Result<Done<W::Output>, EngineError> {
         let results = self.results.as_ref().ok_or(EngineError::WorkersGone)?;
         let done = if wait.is_zero() {
-            results.try_recv().map_err(no_wait)?
+            look(results).map_err(no_wait)?
         } else {
             results.recv_timeout(wait).map_err(|err| match err {
                 RecvTimeoutError::Timeout => EngineError::WaitElapsed,
@@ -364,13 +364,7 @@ impl<W: WorkerHooks> Drop for Workers<W> {
     }
 }
 
-/// A receive that found nothing, without waiting. The consumer looks with
-/// the GIL held (rust/bindings/locked.rs: a result already waiting is taken
-/// without giving the GIL to a worker), and a timed receive, even of no
-/// time, first backs off with `sched_yield`: on cores kept busy by other
-/// processes each yield gives the core away for a scheduler slice, the GIL
-/// still held, and every worker thread waits for it (32 threads on 2 busy
-/// cores: loads stalled for seconds, benchmarks/RESULTS.md session 16).
+/// A look that found nothing.
 fn no_wait(err: TryRecvError) -> EngineError {
     match err {
         TryRecvError::Empty => EngineError::WaitElapsed,

@@ -1,0 +1,53 @@
+//! The consumer's first look for a result, made with the GIL held.
+
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, TryRecvError};
+
+/// How long a look spins for a result about to arrive. A worker finishing
+/// now sends its result within microseconds, and one taken without giving
+/// the GIL up spares the consumer a wait behind a worker's whole task
+/// (overhead.py's cheap samples: 0.72x the samples/s without the spin).
+const LOOK_SPIN: Duration = Duration::from_micros(20);
+
+/// Takes a result already waiting, or about to: spins for at most
+/// `LOOK_SPIN`, never yielding the core. The consumer looks with the GIL
+/// held, and a timed receive (even of no time) backs off with
+/// `sched_yield`: on cores kept busy by other processes each yield gave the
+/// core away for a scheduler slice with the GIL still held, every worker
+/// thread waiting for it (benchmarks/RESULTS.md, session 16: whole batches
+/// at 32 x 1 ms on 2 busy cores read 0.41 of ideal with the yields, 0.54-0.66
+/// without).
+pub(crate) fn look<T>(results: &Receiver<T>) -> Result<T, TryRecvError> {
+    let mut started: Option<Instant> = None;
+    let mut spins = 1u32;
+    loop {
+        match results.try_recv() {
+            Err(TryRecvError::Empty) => {}
+            received => return received,
+        }
+        let since = *started.get_or_insert_with(Instant::now);
+        if since.elapsed() >= LOOK_SPIN {
+            return Err(TryRecvError::Empty);
+        }
+        for _ in 0..spins {
+            std::hint::spin_loop();
+        }
+        spins = (spins * 2).min(64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_look_takes_what_is_waiting_and_gives_up_on_an_empty_queue() {
+        let (sender, results) = crossbeam_channel::bounded(1);
+        assert_eq!(look(&results), Err(TryRecvError::Empty));
+        sender.send(7).unwrap();
+        assert_eq!(look(&results), Ok(7));
+        drop(sender);
+        assert_eq!(look::<i32>(&results), Err(TryRecvError::Disconnected));
+    }
+}
