@@ -126,8 +126,9 @@ impl<E: Lifecycle + Send> Locked<E> {
 
     /// Waits for `recv`'s next output with the GIL released, at most
     /// `timeout` seconds when it is positive (then torch's timeout error),
-    /// looking for signals meanwhile. An output already waiting is taken
-    /// without giving up the GIL. `recv`'s flag says whether the call is the
+    /// looking for signals meanwhile. An output already waiting (or about
+    /// to arrive: `recv` with no wait spins briefly, never yielding the
+    /// core, see rust/engine/look.rs) is taken without giving up the GIL. `recv`'s flag says whether the call is the
     /// consumer's new request (the first) or the same one again.
     pub fn wait_next<T: Send>(
         &self,
