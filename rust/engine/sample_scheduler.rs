@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 
-use super::look::look;
-
 use super::assembler::Assembler;
 use super::assembly_thread::{AssemblyThread, Output};
 use super::collate::{Collate, Uncollated};
@@ -21,6 +19,7 @@ use super::error::EngineError;
 use super::fetch_times::FetchTimes;
 use super::gil_contention::MAX_CONTENDED_RUN;
 use super::lifecycle::Lifecycle;
+use super::look::look;
 use super::monitor::{store_timeout, MonitorConfig};
 use super::pool::WorkerHooks;
 use super::sample_core::{Handoff, SampleCore, SampleShared};
