@@ -128,8 +128,9 @@ impl<E: Lifecycle + Send> Locked<E> {
     /// `timeout` seconds when it is positive (then torch's timeout error),
     /// looking for signals meanwhile. An output already waiting (or about
     /// to arrive: `recv` with no wait spins briefly, never yielding the
-    /// core, see rust/engine/look.rs) is taken without giving up the GIL. `recv`'s flag says whether the call is the
-    /// consumer's new request (the first) or the same one again.
+    /// core, see rust/engine/look.rs) is taken without giving up the GIL.
+    /// `recv`'s flag says whether the call is the consumer's new request
+    /// (the first) or the same one again.
     pub fn wait_next<T: Send>(
         &self,
         py: Python<'_>,

@@ -1,8 +1,26 @@
-//! The consumer's first look for a result, made with the GIL held.
+//! The consumer's receive of a result: with no time to wait, a look, made
+//! with the GIL held.
 
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, TryRecvError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+
+use super::error::EngineError;
+
+/// The next result, waiting at most `wait`; with no wait it only looks
+/// (see `look`).
+pub(crate) fn receive<T>(results: &Receiver<T>, wait: Duration) -> Result<T, EngineError> {
+    if wait.is_zero() {
+        return look(results).map_err(|err| match err {
+            TryRecvError::Empty => EngineError::WaitElapsed,
+            TryRecvError::Disconnected => EngineError::WorkersGone,
+        });
+    }
+    results.recv_timeout(wait).map_err(|err| match err {
+        RecvTimeoutError::Timeout => EngineError::WaitElapsed,
+        RecvTimeoutError::Disconnected => EngineError::WorkersGone,
+    })
+}
 
 /// How long a look spins for a result about to arrive. A worker finishing
 /// now sends its result within microseconds, and one taken without giving
@@ -18,7 +36,7 @@ const LOOK_SPIN: Duration = Duration::from_micros(20);
 /// thread waiting for it (benchmarks/RESULTS.md, session 16: whole batches
 /// at 32 x 1 ms on 2 busy cores read 0.41 of ideal with the yields, 0.54-0.66
 /// without).
-pub(crate) fn look<T>(results: &Receiver<T>) -> Result<T, TryRecvError> {
+fn look<T>(results: &Receiver<T>) -> Result<T, TryRecvError> {
     let mut started: Option<Instant> = None;
     let mut spins = 1u32;
     loop {

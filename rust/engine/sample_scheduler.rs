@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+use crossbeam_channel::{Receiver, TryRecvError};
 
 use super::assembler::Assembler;
 use super::assembly_thread::{AssemblyThread, Output};
@@ -19,7 +19,7 @@ use super::error::EngineError;
 use super::fetch_times::FetchTimes;
 use super::gil_contention::MAX_CONTENDED_RUN;
 use super::lifecycle::Lifecycle;
-use super::look::look;
+use super::look::receive;
 use super::monitor::{store_timeout, MonitorConfig};
 use super::pool::WorkerHooks;
 use super::sample_core::{Handoff, SampleCore, SampleShared};
@@ -358,25 +358,11 @@ where
                     if let Some(err) = self.shared.lock().no_batch_coming() {
                         return Err(err);
                     }
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        // Only looking, with the GIL held (see `look`).
-                        match look(&self.output) {
-                            Ok(output) => output,
-                            Err(TryRecvError::Disconnected) => {
-                                return Err(EngineError::WorkersGone)
-                            }
-                            Err(TryRecvError::Empty) => return Err(EngineError::WaitElapsed),
-                        }
-                    } else {
-                        match self.output.recv_timeout(left) {
-                            Ok(output) => output,
-                            Err(RecvTimeoutError::Timeout) => return Err(EngineError::WaitElapsed),
-                            Err(RecvTimeoutError::Disconnected) => {
-                                return Err(EngineError::WorkersGone)
-                            }
-                        }
-                    }
+                    // With no time left, only a look, made with the GIL held.
+                    receive(
+                        &self.output,
+                        deadline.saturating_duration_since(Instant::now()),
+                    )?
                 }
             };
             if let Output::Batch {

@@ -5,12 +5,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, TryRecvError};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
 
 use super::consumer_steps::ConsumerSteps;
 use super::dispatch::{Dispatch, Dispatcher};
 use super::error::EngineError;
-use super::look::look;
+use super::look::receive;
 use super::monitor::{Monitor, MonitorConfig};
 use super::pool::{Deliver, Pool, WorkerHooks};
 use super::stats::{Ask, ConsumerWaiting, EngineStats, Occupancy};
@@ -216,17 +216,10 @@ impl<W: WorkerHooks> Workers<W> {
     }
 
     /// The next finished task, of any epoch, waiting at most `wait`. With
-    /// no wait it only looks (see `look`).
+    /// no wait it only looks (see `receive`).
     pub fn recv(&mut self, wait: Duration) -> Result<Done<W::Output>, EngineError> {
         let results = self.results.as_ref().ok_or(EngineError::WorkersGone)?;
-        let done = if wait.is_zero() {
-            look(results).map_err(no_wait)?
-        } else {
-            results.recv_timeout(wait).map_err(|err| match err {
-                RecvTimeoutError::Timeout => EngineError::WaitElapsed,
-                RecvTimeoutError::Disconnected => EngineError::WorkersGone,
-            })?
-        };
+        let done = receive(results, wait)?;
         self.received(done.worker);
         Ok(done)
     }
@@ -361,13 +354,5 @@ fn scale(bound: usize, workers: usize, initial: usize) -> usize {
 impl<W: WorkerHooks> Drop for Workers<W> {
     fn drop(&mut self) {
         self.shutdown_with_default_grace();
-    }
-}
-
-/// A look that found nothing.
-fn no_wait(err: TryRecvError) -> EngineError {
-    match err {
-        TryRecvError::Empty => EngineError::WaitElapsed,
-        TryRecvError::Disconnected => EngineError::WorkersGone,
     }
 }
