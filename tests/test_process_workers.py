@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
+from helpers import os_thread_count, wait_for_thread_count
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 import minato
@@ -1751,3 +1753,17 @@ def test_memory_freed_by_worker_threads_can_be_given_back() -> None:
     del blocks
     give_back_freed_memory()
     give_back_freed_memory()
+
+
+def test_the_training_thread_leaves_giving_memory_back_to_a_thread_that_ends() -> None:
+    """A hand-over to whole batches, or a move to processes, gives the old
+    threads' freed memory back on a thread of its own (trimming every arena
+    takes tens of milliseconds), which ends once done."""
+    from minato._util.memory import give_back_freed_memory_soon
+
+    before = os_thread_count()
+    blocks = [bytearray(1 << 20) for _ in range(64)]
+    del blocks
+    give_back_freed_memory_soon()
+    assert wait_for_thread_count(before) <= before
+    assert not any(thread.name == "minato-trim" for thread in threading.enumerate())

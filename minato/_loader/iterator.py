@@ -60,7 +60,7 @@ from minato._task.runner import EXHAUSTED, WorkerSpec, sample_count
 from minato._task.seed import epoch_seed
 from minato._thread.dataset import bound_to_copies, worker_dataset
 from minato._util.log import logger
-from minato._util.memory import give_back_freed_memory
+from minato._util.memory import give_back_freed_memory_soon
 from minato._util.priority import worker_nice_value
 
 if TYPE_CHECKING:
@@ -635,7 +635,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             return
         if self._trim_after is not None and now >= self._trim_after:
             self._trim_after = None
-            give_back_freed_memory()
+            give_back_freed_memory_soon()
         if method.wants_processes and not method.processes:
             if fork_server_ready(processes.modules()) and method.ready_for_processes():
                 loader = self._loader()
@@ -1074,7 +1074,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         if processes is not None:
             processes.close()
         # What the old threads' samples freed goes back to the system.
-        give_back_freed_memory()
+        give_back_freed_memory_soon()
         workers, in_flight, max_workers = self._whole_pool
         self._engine = Engine(
             self._worker_ids.fresh(worker_factory(self._spec, processes=None)),

@@ -5,7 +5,10 @@ arena), up to eight per core, and keeps what is freed there for that
 thread's next allocations. Worker threads that decoded images hold tens of
 megabytes each that way after their last task. Once the loader's workers
 have moved to processes, nothing will reuse them: `malloc_trim` returns the
-free pages of every arena (milliseconds, the GIL released).
+free pages of every arena (the GIL released; 30-40 ms after a hand-over
+to whole batches at 32 workers, over 100 ms while other threads allocate,
+benchmarks/RESULTS.md session 17: the training thread leaves that to a
+thread of its own).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import threading
 from typing import Any
 
 
@@ -30,3 +34,10 @@ def give_back_freed_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+def give_back_freed_memory_soon() -> None:
+    """`give_back_freed_memory` on a short-lived thread of its own, so that
+    the caller (the training thread) does not wait for it."""
+    if _malloc_trim() is not None:
+        threading.Thread(target=give_back_freed_memory, name="minato-trim", daemon=True).start()
