@@ -1350,6 +1350,25 @@ def test_many_threads_waiting_for_the_gil_over_cheap_samples_keep_threads(
     assert "us of CPU, too little for a worker process's round trip" in method.reason
 
 
+def test_thousands_of_cheap_samples_keep_threads_within_the_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 32 threads on samples that sleep 1 ms and take 60 us of CPU each: an
+    # undecided loader neither hands over to whole batches nor lets its fork
+    # server go, so so many readings settle it before DECIDE_AFTER_S.
+    clock, method, figures = _auto_on_a_clock(monkeypatch)
+    clock.now = 0.2
+    few = _worker_method.DECIDE_AFTER_SAMPLES // 2
+    figures = {"samples_loaded": few, "busy": few * 0.0015, "gil_wait": 0.0, "cpu": few * 6e-5}
+    assert method.observe(figures) is None and not method.decided
+    many = _worker_method.DECIDE_AFTER_SAMPLES
+    figures = {"samples_loaded": many, "busy": many * 0.0015, "gil_wait": 0.0, "cpu": many * 6e-5}
+    assert method.observe(figures) is None
+    assert method.decided and not method.wants_processes
+    assert "samples take 60 us of CPU, too little" in method.reason
+    assert clock.now < _worker_method.DECIDE_AFTER_S
+
+
 def test_workers_that_wait_for_the_gil_while_computing_move(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

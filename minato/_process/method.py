@@ -167,6 +167,12 @@ COMPUTE_SHARE = 0.3
 WAITING_SHARE = 0.1
 # Both signals low for this long: threads stay, and probing ends.
 DECIDE_AFTER_S = 1.0
+# Samples under MIN_SAMPLE_WORK_S keep threads after DECIDE_AFTER_S, or
+# sooner once this many were timed: many threads on cheap samples time
+# thousands well within the second (32 on 1 ms samples, about 0.15 s),
+# and an undecided loader neither hands over to whole batches
+# (minato._loader.whole_batches) nor lets its fork server go.
+DECIDE_AFTER_SAMPLES = 2048
 # Probes of the loop's GIL delay, at most this often.
 PROBE_INTERVAL_S = 0.01
 # Each side of the trial measures the loop's rate over at least this long
@@ -540,7 +546,8 @@ class WorkerMethod:
         worth_a_process = work is not None and work >= MIN_SAMPLE_WORK_S
         self._worth_probing = worth_a_process
         if not worth_a_process:
-            if elapsed >= DECIDE_AFTER_S and work is not None:
+            timed_enough = elapsed >= MIN_WINDOW_S and samples >= DECIDE_AFTER_SAMPLES
+            if work is not None and (elapsed >= DECIDE_AFTER_S or timed_enough):
                 self._decide(
                     False,
                     f"auto: samples take {work * 1e6:.0f} us{' ' + what if what else ''}, "
