@@ -1777,7 +1777,7 @@ def test_memory_freed_by_worker_threads_can_be_given_back() -> None:
 def test_the_training_thread_leaves_giving_memory_back_to_a_thread_that_ends() -> None:
     """A hand-over to whole batches, or a move to processes, gives the old
     threads' freed memory back on a thread of its own (trimming every arena
-    takes tens of milliseconds), which ends once done."""
+    can take long), which ends once done."""
     from minato._util.memory import give_back_freed_memory_soon
 
     before = os_thread_count()

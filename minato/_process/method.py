@@ -169,9 +169,9 @@ WAITING_SHARE = 0.1
 DECIDE_AFTER_S = 1.0
 # Samples under MIN_SAMPLE_WORK_S keep threads after DECIDE_AFTER_S, or
 # sooner once this many were timed: many threads on cheap samples time
-# thousands well within the second (32 on 1 ms samples, about 0.15 s),
-# and an undecided loader neither hands over to whole batches
-# (minato._loader.whole_batches) nor lets its fork server go.
+# thousands well within the second, and an undecided loader neither hands
+# over to whole batches (minato._loader.whole_batches) nor lets its fork
+# server go.
 DECIDE_AFTER_SAMPLES = 2048
 # Probes of the loop's GIL delay, at most this often.
 PROBE_INTERVAL_S = 0.01

@@ -5,10 +5,9 @@ arena), up to eight per core, and keeps what is freed there for that
 thread's next allocations. Worker threads that decoded images hold tens of
 megabytes each that way after their last task. Once the loader's workers
 have moved to processes, nothing will reuse them: `malloc_trim` returns the
-free pages of every arena (the GIL released; 30-40 ms after a hand-over
-to whole batches at 32 workers, over 100 ms while other threads allocate,
-benchmarks/RESULTS.md session 17: the training thread leaves that to a
-thread of its own).
+free pages of every arena, with the GIL released but slowly where many
+arenas hold much or other threads are allocating (benchmarks/RESULTS.md,
+session 17): the training thread leaves that to a thread of its own.
 """
 
 from __future__ import annotations
