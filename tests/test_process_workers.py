@@ -1355,7 +1355,8 @@ def test_thousands_of_cheap_samples_keep_threads_within_the_second(
 ) -> None:
     # 32 threads on samples that sleep 1 ms and take 60 us of CPU each: an
     # undecided loader neither hands over to whole batches nor lets its fork
-    # server go, so so many readings settle it before DECIDE_AFTER_S.
+    # server go, so DECIDE_AFTER_SAMPLES readings settle it before
+    # DECIDE_AFTER_S.
     clock, method, figures = _auto_on_a_clock(monkeypatch)
     clock.now = 0.2
     few = _worker_method.DECIDE_AFTER_SAMPLES // 2

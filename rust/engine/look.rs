@@ -25,7 +25,8 @@ pub(crate) fn receive<T>(results: &Receiver<T>, wait: Duration) -> Result<T, Eng
 /// How long a look spins for a result about to arrive. A worker finishing
 /// now sends its result within microseconds, and one taken without giving
 /// the GIL up spares the consumer a wait behind a worker's whole task
-/// (overhead.py's cheap samples: 0.72x the samples/s without the spin).
+/// (overhead.py's cheap samples lost a quarter of their rate without the
+/// spin, benchmarks/RESULTS.md session 16).
 const LOOK_SPIN: Duration = Duration::from_micros(20);
 
 /// Takes a result already waiting, or about to: spins for at most
@@ -33,9 +34,7 @@ const LOOK_SPIN: Duration = Duration::from_micros(20);
 /// held, and a timed receive (even of no time) backs off with
 /// `sched_yield`: on cores kept busy by other processes each yield gave the
 /// core away for a scheduler slice with the GIL still held, every worker
-/// thread waiting for it (benchmarks/RESULTS.md, session 16: whole batches
-/// at 32 x 1 ms on 2 busy cores read 0.41 of ideal with the yields, 0.54-0.66
-/// without).
+/// thread waiting for it (benchmarks/RESULTS.md, session 16).
 fn look<T>(results: &Receiver<T>) -> Result<T, TryRecvError> {
     let mut started: Option<Instant> = None;
     let mut spins = 1u32;
