@@ -10,7 +10,11 @@ over many runs: the runs, how many had a wait between two batches longer
 than `--stall-s`, and the longest waits seen, with the samples/s of the
 runs they were in.
 
-    python benchmarks/stalls.py [--runs 40] [--stall-s 1.0] [--idle]
+    python benchmarks/stalls.py [--runs 40] [--stall-s 1.0] [--idle] [--loader torch]
+
+`--loader torch` runs torch's DataLoader instead (its workers are processes,
+each with a heap and a GIL of its own), to tell a stall of minato's from one
+of the machine's.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import time
 WORKERS, SLEEP_S, BATCH, SAMPLES = 32, 0.001, 64, 48_000
 
 
-def one_run(busy: bool) -> dict:
+def one_run(busy: bool, loader_kind: str) -> dict:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import manycore
 
@@ -41,7 +45,8 @@ def one_run(busy: bool) -> dict:
         for spinner in spinners:
             spinner.start()
     try:
-        loader = minato.DataLoader(
+        make = minato.DataLoader if loader_kind == "minato" else torch_loader()
+        loader = make(
             manycore.Sleeping(SAMPLES, SLEEP_S),
             batch_size=BATCH,
             shuffle=True,
@@ -50,21 +55,31 @@ def one_run(busy: bool) -> dict:
         began = last = time.perf_counter()
         longest = 0.0
         samples = 0
+        first = None
         for images, _ in loader:
             now = time.perf_counter()
-            longest = max(longest, now - last)
+            if first is None:
+                first = now - began  # the workers' start: not a wait between batches
+            else:
+                longest = max(longest, now - last)
             last = now
             samples += len(images)
-        stats = loader.stats()
-        return {
-            "rate": samples / (last - began),
-            "longest": longest,
-            "moved": stats.moved_samples,
-            "workers": max(count for _, count in stats.worker_history or [(0, 0)]),
-        }
+        run = {"rate": samples / (last - began), "longest": longest, "moved": 0, "first": first}
+        run["workers"] = WORKERS
+        if loader_kind == "minato":
+            stats = loader.stats()
+            run["moved"] = stats.moved_samples
+            run["workers"] = max(count for _, count in stats.worker_history or [(0, 0)])
+        return run
     finally:
         for spinner in spinners:
             spinner.terminate()
+
+
+def torch_loader():
+    import torch.utils.data
+
+    return torch.utils.data.DataLoader
 
 
 def main() -> None:
@@ -72,14 +87,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--stall-s", type=float, default=1.0)
     parser.add_argument("--idle", action="store_true", help="no spinning processes")
+    parser.add_argument("--loader", choices=("minato", "torch"), default="minato")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one_run(not args.idle)))
+        print(json.dumps(one_run(not args.idle, args.loader)))
         return
     runs = []
     for _ in range(args.runs):
-        command = [sys.executable, os.path.abspath(__file__), "--one"]
+        command = [sys.executable, os.path.abspath(__file__), "--one", "--loader", args.loader]
         if args.idle:
             command.append("--idle")
         out = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
@@ -89,7 +105,7 @@ def main() -> None:
     rates = sorted(run["rate"] / ideal for run in runs)
     print(
         f"# stalls: {len(runs)} runs of {WORKERS} workers x {SLEEP_S * 1e3:.0f} ms, batch "
-        f"{BATCH}, {'idle' if args.idle else 'busy'} cores; minato from "
+        f"{BATCH}, {'idle' if args.idle else 'busy'} cores; {args.loader}'s loader; minato from "
         f"{os.path.dirname(__import__('minato').__file__)}"
     )
     print(
@@ -99,7 +115,8 @@ def main() -> None:
     for run in sorted(runs, key=lambda run: -run["longest"])[:5]:
         print(
             f"  longest wait {run['longest']:.2f} s, {run['rate'] / ideal:.2f} of ideal, "
-            f"{run['moved']} moved, pool up to {run['workers']}"
+            f"first batch {run['first']:.2f} s, {run['moved']} moved, "
+            f"pool up to {run['workers']}"
         )
 
 

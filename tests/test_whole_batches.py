@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import threading
 import time
 
@@ -362,3 +363,72 @@ def test_no_worker_id_is_given_twice_across_the_hand_over() -> None:
     if _handed_over(batches):
         # Both pools loaded samples: more ids than one pool's workers.
         assert len(threads_of) > MIN_WORKERS
+
+
+class HeldAfter(Indexed):
+    """Indexed's samples; from the `limit`-th sample loaded on, each waits
+    for `release` (at most `hold_s`): the batches after the hand-over's are
+    still queued when it comes."""
+
+    def __init__(self, size: int, limit: int, hold_s: float = 5.0) -> None:
+        super().__init__(size)
+        self.limit, self.hold_s = limit, hold_s
+        self.loaded = itertools.count()  # shared by every worker's copy
+        self.release = threading.Event()
+
+    def __getitem__(self, index: int):
+        if next(self.loaded) >= self.limit:
+            self.release.wait(self.hold_s)
+        return super().__getitem__(index)
+
+
+def test_the_batches_no_worker_started_at_the_hand_over_are_loaded_whole_with_the_same_draws(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every sample of the batches up to the hand-over's loads at once; the
+    # workers then wait, so the batches after it are still queued: the old
+    # engine gives them back, and the whole batches' engine loads them.
+    limit = HANDOVER_BATCH * 8 + 8
+    dataset = HeldAfter(LONG_EPOCH, limit)
+    taken_back: list[int] = []
+    switch = _SampleDataLoaderIter._switch_to_whole
+
+    def switch_and_release(self, loader) -> None:
+        switch(self, loader)
+        taken_back.append(len(self._withdrawn))
+        dataset.release.set()
+
+    monkeypatch.setattr(_SampleDataLoaderIter, "_switch_to_whole", switch_and_release)
+    torch.manual_seed(0)
+    loader = _loader(dataset, worker_method="thread")
+    batches = iter(loader)
+    got, state = [], None
+    for indices, values, collated in batches:
+        got.append((indices.tolist(), values, collated))
+        if state is None and _handed_over(batches) and batches._withdrawn:
+            # Saved while the batches taken back wait for their engine.
+            state = io.BytesIO()
+            torch.save(loader.state_dict(), state)
+            resume_after = len(got)
+    if loader.stats().moved_samples:
+        # Under load a sample ran late before the hand-over: the epoch rightly
+        # stayed on single samples.
+        assert not _handed_over(batches)
+        return
+    assert _handed_over(batches)
+    assert taken_back and taken_back[0] > 0
+    assert state is not None
+    # The very batches and draws of an epoch on single samples.
+    torch.manual_seed(0)
+    single = _loader(Indexed(LONG_EPOCH), worker_method="thread", sample_timeout=5.0)
+    expected = [(indices.tolist(), values, collated) for indices, values, collated in single]
+    assert [indices for indices, _, _ in got] == [indices for indices, _, _ in expected]
+    for (_, values, collated), (_, want_values, want_collated) in zip(got, expected, strict=True):
+        assert torch.equal(values, want_values) and torch.equal(collated, want_collated)
+    # And the state saved then resumes the rest, each sample once.
+    resumed = _loader(Indexed(LONG_EPOCH), worker_method="thread")
+    resumed.load_state_dict(torch.load(io.BytesIO(state.getvalue()), weights_only=True))
+    rest = [indices.tolist() for indices, _, _ in resumed]
+    seen = [index for indices, _, _ in got[:resume_after] for index in indices]
+    seen += [index for indices in rest for index in indices]
+    assert sorted(seen) == list(range(LONG_EPOCH))

@@ -6,6 +6,7 @@ import atexit
 import os
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -1033,8 +1034,9 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         return batches - epoch.next_tag / self._samples_per_batch
 
     def _switch_to_whole(self, loader: DataLoader) -> None:
-        """The old engine gets no more samples and delivers what it holds;
-        then its threads go, and a pool of as many loads whole batches
+        """The old engine gets no more samples, gives back the batches no
+        worker has started (they are loaded whole, first), and delivers the
+        rest; then its threads go, and a pool of as many loads whole batches
         (`_retire_draining`). One pool at a time: a new thread's allocator
         arena would not reuse what the old threads' samples freed in theirs
         (measured: the process's peak 30-40 MB higher with both running),
@@ -1051,15 +1053,19 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         # The old pool loads what it has and grows no more as it empties.
         old.fix_workers(workers)
         self._whole_pool = (workers, self._batches_in_flight(loader), max_workers)
-        self._run_sizes: dict[int, int] = {}
+        # Their samples stay handed out in the ledger until delivered.
+        self._withdrawn = deque(old.withdraw_unstarted())
+        self._run_positions: dict[int, list[int]] = {}
         self._handed_over = True
         self._draining = old
         logger.info("minato: %s", loader._whole_batches.reason)
 
     def _forked(self) -> None:
         super()._forked()
-        # The epoch goes on here on single samples (`_continue_in_child`).
+        # The epoch goes on here on single samples (`_continue_in_child`),
+        # the batches taken back included: they are pending in the ledger.
         self._handed_over = False
+        self._withdrawn = deque()
         self._whole_pace = None
         self._may_switch = False
 
@@ -1102,7 +1108,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         # A whole batch: delivered, its every sample is.
         tags, samples, batch, skipped = _ThreadDataLoaderIter._to_batch(self, data)
         first = tags[0]
-        return list(range(first, first + self._run_sizes.pop(first))), samples, batch, skipped
+        return self._run_positions.pop(first), samples, batch, skipped
 
     def _submit_next(self, engine: Any) -> bool:
         epoch = self._epoch
@@ -1110,9 +1116,15 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         if self._handed_over:
             # Each sample draws as on its own, from its position (the first's
             # and those after it), the collate as the sample path's would.
-            first, indices = epoch.next_run()
-            self._run_sizes[first] = len(indices)
-            return bool(engine.submit((first, indices, epoch.seed, first), len(indices)))
+            if self._withdrawn:
+                # Taken back from the old engine: at the positions it gave them.
+                positions, indices = self._withdrawn.popleft()
+            else:
+                first, indices = epoch.next_run()
+                positions = list(range(first, first + len(indices)))
+            first = positions[0]
+            self._run_positions[first] = positions
+            return bool(engine.submit((first, indices, epoch.seed, positions), len(indices)))
         # The ledger hands the batch's samples out at their positions (in
         # Rust): nothing here is done per sample.
         from_queue, fresh = epoch.next_samples()

@@ -145,8 +145,12 @@ def make_runner(
         if key is not None and first is None:
             batch_run = SampleRun(key, [tag], eager_seed)
         elif key is not None:
-            count = sample_count(index, spec.auto_collation)
-            per_sample = SampleRun(key, list(range(first, first + count)), eager_seed)
+            # The samples' positions: from `first` on, or listed.
+            if isinstance(first, list):
+                positions = first
+            else:
+                positions = list(range(first, first + sample_count(index, spec.auto_collation)))
+            per_sample = SampleRun(key, positions, eager_seed)
         begin_run(batch_run or per_sample)
         with own_generator, IN_USER_CODE:
             if batch_run is not None and eager_seed is not None:
@@ -154,7 +158,7 @@ def make_runner(
             if per_sample is None:
                 output = fetcher.fetch(epoch, index)
             else:
-                collating = collate_run(key, first, eager_seed)
+                collating = collate_run(key, per_sample.positions[0], eager_seed)
                 output = fetcher.fetch(epoch, index, per_sample, lambda: seed_collate(collating))
         return output if output is EXHAUSTED else (tag, output)
 

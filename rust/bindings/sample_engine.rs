@@ -192,6 +192,30 @@ impl PySampleEngine {
         Ok(true)
     }
 
+    /// Takes back the last batches submitted that no worker has started,
+    /// as `[(positions, indices), ...]` in the order submitted; the engine
+    /// delivers only the batches before them (see
+    /// `SampleEngine::withdraw_unstarted`).
+    fn withdraw_unstarted<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let batches = self
+            .engine
+            .quick(py, |engine| engine.withdraw_unstarted())?
+            .map_err(LoaderError::from)?;
+        let out = PyList::empty(py);
+        for batch in batches {
+            let positions = PyList::empty(py);
+            let indices = PyList::empty(py);
+            for task in batch {
+                // Each as `submit` made it: (position, index, seed).
+                let task = task.bind(py);
+                positions.append(task.get_item(0)?)?;
+                indices.append(task.get_item(1)?)?;
+            }
+            out.append((positions, indices))?;
+        }
+        Ok(out)
+    }
+
     /// The next batch, as `collate` made it, waiting at most `timeout`
     /// seconds when it is positive; StopIteration when nothing is pending.
     fn next(&self, py: Python<'_>, timeout: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {

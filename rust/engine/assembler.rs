@@ -117,6 +117,47 @@ impl<S> Assembler<S> {
         self.settle_shortfall();
     }
 
+    /// Takes the last batches planned back off the plan, where their tasks
+    /// were taken back before any worker started them: `tasks` (each one's
+    /// number and samples) are the last tasks sent, in the order sent.
+    /// Whole batches only, from the last: returns how many of the last
+    /// `tasks` they take and their sizes, in order. Nothing is withdrawn
+    /// unless batches keep the sampler's sequence and hold the samples sent
+    /// in order (no skipped sample changed the plan, none late is out of
+    /// its place).
+    pub fn withdraw(&mut self, tasks: &[(u64, usize)]) -> (usize, Vec<usize>) {
+        let Picking::Sequence(sequence) = &mut self.picking else {
+            return (0, Vec::new());
+        };
+        if self.shortfall > 0 || self.surplus > 0 || self.closed || !self.skipped.is_empty() {
+            return (0, Vec::new());
+        }
+        let mut sizes = Vec::new();
+        let mut at = tasks.len();
+        for &size in self.sizes.iter().rev() {
+            let mut start = at;
+            let mut samples = 0;
+            while start > 0 && samples < size {
+                start -= 1;
+                samples += tasks[start].1;
+            }
+            if samples != size {
+                break;
+            }
+            sizes.push(size);
+            at = start;
+        }
+        if sizes.is_empty() || !sequence.withdraw(&tasks[at..]) {
+            return (0, Vec::new());
+        }
+        for size in &sizes {
+            self.sizes.pop_back();
+            self.unfinished -= size;
+        }
+        sizes.reverse();
+        (tasks.len() - at, sizes)
+    }
+
     /// No batch follows the ones planned this epoch: the shortfall of
     /// skipped samples is taken off the last batches.
     pub fn close(&mut self) {

@@ -530,9 +530,15 @@ impl<W: WorkerHooks> Pool<W> {
     /// Takes the tasks still queued off the shared queue (an epoch ended:
     /// none of them would run); returns how many.
     pub fn drain_queued(&self) -> usize {
+        self.take_queued().len()
+    }
+
+    /// Takes the tasks still queued off the shared queue, in the order they
+    /// were sent (none where each worker has a queue of its own).
+    pub fn take_queued(&self) -> Vec<Task<W::Payload>> {
         self.shared_tasks
             .as_ref()
-            .map_or(0, |tasks| tasks.try_iter().count())
+            .map_or_else(Vec::new, |tasks| tasks.try_iter().collect())
     }
 
     /// The epoch ended while these workers run its tasks: each gets a

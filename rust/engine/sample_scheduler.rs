@@ -322,6 +322,30 @@ where
         Ok(())
     }
 
+    /// Takes back the last batches submitted whose samples no worker has
+    /// started, each as submitted (its samples in order); the engine then
+    /// delivers only the batches before them. For an epoch that hands its
+    /// next batches to another engine: those go there at once instead of
+    /// being loaded here first. Nothing is taken back where batches take
+    /// whichever samples finish first, or skipped or late samples changed
+    /// the plan.
+    pub fn withdraw_unstarted(&mut self) -> Result<Vec<Vec<P>>, EngineError> {
+        let mut core = self.shared.lock();
+        let mut queued = core.workers.take_queued();
+        let runs: Vec<(u64, usize)> = queued.iter().map(|task| (task.seq, task.samples)).collect();
+        let (tasks, sizes) = core.assembler.withdraw(&runs);
+        let withdrawn = queued.split_off(queued.len() - tasks);
+        core.workers.send_again(queued)?;
+        drop(core);
+        // The batch being assembled may be the last one now.
+        self.shared.wake();
+        let mut samples = withdrawn.into_iter().flat_map(|task| task.payload);
+        Ok(sizes
+            .into_iter()
+            .map(|size| samples.by_ref().take(size).collect())
+            .collect())
+    }
+
     /// The next batch, waiting at most `wait` for it: the consumer's
     /// request for it, counted in the occupancy signal.
     pub fn recv(&mut self, wait: Duration) -> Result<C::Batch, EngineError> {

@@ -169,6 +169,40 @@ impl<S> SampleSequence<S> {
         self.wake_in
     }
 
+    /// Takes the last tasks sent back off the sequence, none of whose
+    /// samples has finished: `tasks` (each one's number and samples) are
+    /// those tasks, in the order they were sent. False, and nothing taken,
+    /// unless they are exactly the sequence's last pending slots and no
+    /// late sample is out of its place.
+    pub fn withdraw(&mut self, tasks: &[(u64, usize)]) -> bool {
+        if !self.moved_tasks.is_empty() || !self.moved_ready.is_empty() {
+            return false;
+        }
+        let total: usize = tasks.iter().map(|&(_, samples)| samples).sum();
+        let Some(start) = self.slots.len().checked_sub(total) else {
+            return false;
+        };
+        let mut at = start;
+        for &(task, samples) in tasks {
+            if self.tasks.get(&task) != Some(&(self.first + at as u64)) {
+                return false;
+            }
+            let theirs = self.slots.range(at..at + samples);
+            if !theirs
+                .clone()
+                .all(|slot| matches!(slot, Slot::Pending { task: pending } if *pending == task))
+            {
+                return false;
+            }
+            at += samples;
+        }
+        self.slots.truncate(start);
+        for (task, _) in tasks {
+            self.tasks.remove(task);
+        }
+        true
+    }
+
     /// Forgets the epoch; the count of moved samples is kept.
     pub fn clear(&mut self) {
         let moved = self.moved;
@@ -183,6 +217,26 @@ mod tests {
 
     fn never(_task: u64) -> Lateness {
         Lateness::Never
+    }
+
+    #[test]
+    fn the_last_pending_tasks_are_withdrawn_and_nothing_else() {
+        let mut seq = SampleSequence::new();
+        seq.sent(1, 2); // positions 0, 1
+        seq.sent(2, 2); // 2, 3
+        seq.sent(3, 1); // 4
+        seq.finished(2, [Some(2), Some(3)]);
+        assert!(!seq.withdraw(&[(2, 2), (3, 1)]), "task 2 has finished");
+        assert!(!seq.withdraw(&[(1, 2)]), "task 1 is not among the last");
+        assert!(seq.withdraw(&[(3, 1)]));
+        assert_eq!(seq.tasks.len(), 1);
+        seq.finished(1, [Some(0), Some(1)]);
+        assert_eq!(seq.take(4, never), Some(vec![0, 1, 2, 3]));
+        assert_eq!(seq.take(1, never), None, "position 4 was withdrawn");
+        // Sent again later, the sequence goes on from where it was taken.
+        seq.sent(4, 1);
+        seq.finished(4, [Some(9)]);
+        assert_eq!(seq.take(1, never), Some(vec![9]));
     }
 
     #[test]

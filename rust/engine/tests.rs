@@ -1484,3 +1484,98 @@ fn the_consumers_steps_are_measured_between_receipt_and_request() {
     let step = engine.stats().loop_step.unwrap();
     assert!(step >= Duration::from_millis(30), "{step:?}");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    /// Batches taken back from a sample engine whenever it is asked, with
+    /// any samples running: the batches it still delivers, then the ones it
+    /// gave back, are exactly the batches submitted, in order, each whole;
+    /// nothing else is delivered, and the engine goes on to a next epoch.
+    #[test]
+    fn batches_taken_back_and_delivered_are_those_submitted_in_order(
+        pattern in prop::collection::vec(prop::sample::select(vec![0u64, 0, 200, 2000]), 1..10),
+        sizes in prop::collection::vec(1usize..9, 1..10),
+        workers in 1usize..4,
+        received_first in 0usize..4,
+    ) {
+        let inside = Arc::new(AtomicUsize::new(0));
+        let config = SampleEngineConfig {
+            num_workers: workers,
+            max_samples_in_flight: 64,
+            max_batch_size: 8,
+            sample_timeout: SampleTimeout::Off,
+            max_slow_in_flight: 0,
+            shutdown_grace: Duration::from_secs(10),
+            adaptive: None,
+            drop_last: false,
+            in_sequence: true,
+        };
+        let mut engine = Samples::start(config, SampleHooks { inside: inside.clone() }).unwrap();
+        let mut submitted = Vec::new();
+        let mut next_value = 0u64;
+        for &size in &sizes {
+            let batch: Vec<u64> = (next_value..next_value + size as u64).collect();
+            next_value += size as u64;
+            engine
+                .submit(batch.iter().map(|&v| (v, pattern[v as usize % pattern.len()])).collect())
+                .unwrap();
+            submitted.push(batch);
+        }
+        let mut delivered = Vec::new();
+        for _ in 0..received_first.min(sizes.len()) {
+            delivered.push(engine.recv(WAIT).unwrap());
+        }
+        let withdrawn: Vec<Vec<u64>> = engine
+            .withdraw_unstarted()
+            .unwrap()
+            .into_iter()
+            .map(|batch| batch.into_iter().map(|(value, _)| value).collect())
+            .collect();
+        loop {
+            match engine.recv(WAIT) {
+                Ok(batch) => delivered.push(batch),
+                Err(EngineError::Idle) => break,
+                Err(other) => panic!("unexpected {other:?}"),
+            }
+        }
+        prop_assert_eq!(engine.pending(), 0);
+        let together: Vec<Vec<u64>> = delivered.into_iter().chain(withdrawn).collect();
+        prop_assert_eq!(together, submitted);
+        engine.new_epoch().unwrap();
+        engine.submit(vec![(100, 0), (101, 0)]).unwrap();
+        prop_assert_eq!(engine.recv(WAIT).unwrap(), vec![100, 101]);
+        drop(engine);
+        prop_assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
+    }
+}
+
+/// Batches behind one a worker is stuck on are taken back whole.
+#[test]
+fn batches_no_worker_started_are_taken_back() {
+    let (mut engine, _) = start_samples_with(1, 64, SampleTimeout::Off, 1, true);
+    // The one worker sleeps on the first batch's sample while three more wait.
+    engine.submit(vec![(0, 300_000)]).unwrap();
+    for first in [1u64, 3, 5] {
+        engine.submit(vec![(first, 0), (first + 1, 0)]).unwrap();
+    }
+    let withdrawn: Vec<Vec<u64>> = engine
+        .withdraw_unstarted()
+        .unwrap()
+        .into_iter()
+        .map(|batch| batch.into_iter().map(|(value, _)| value).collect())
+        .collect();
+    let behind = vec![vec![1, 2], vec![3, 4], vec![5, 6]];
+    assert!(withdrawn.ends_with(&behind), "{withdrawn:?}");
+    // The first batch is taken back too where the worker had not started it.
+    let mut delivered = Vec::new();
+    loop {
+        match engine.recv(WAIT) {
+            Ok(batch) => delivered.push(batch),
+            Err(EngineError::Idle) => break,
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    let together: Vec<Vec<u64>> = delivered.into_iter().chain(withdrawn).collect();
+    assert_eq!(together, vec![vec![0], vec![1, 2], vec![3, 4], vec![5, 6]]);
+}

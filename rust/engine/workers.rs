@@ -215,6 +215,24 @@ impl<W: WorkerHooks> Workers<W> {
         Ok(worker)
     }
 
+    /// Takes the tasks no worker has started off the queue, in the order
+    /// they were sent (none where workers own their queues): the caller
+    /// keeps them or sends them again (`send_again`).
+    pub fn take_queued(&mut self) -> Vec<Task<W::Payload>> {
+        let tasks = self.pool.take_queued();
+        self.unreceived -= tasks.len();
+        tasks
+    }
+
+    /// Queues tasks taken by `take_queued` again, as they were.
+    pub fn send_again(&mut self, tasks: Vec<Task<W::Payload>>) -> Result<(), EngineError> {
+        for task in tasks {
+            self.dispatcher.send(task)?;
+            self.unreceived += 1;
+        }
+        Ok(())
+    }
+
     /// The next finished task, of any epoch, waiting at most `wait`. With
     /// no wait it only looks (see `receive`).
     pub fn recv(&mut self, wait: Duration) -> Result<Done<W::Output>, EngineError> {
