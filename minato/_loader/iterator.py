@@ -984,9 +984,10 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             return
         pace = self._handover_pace
         pace.add()
-        # The batches in flight count too: the engine delivers them on
+        # The batches in flight count too: those begun are delivered on
         # single samples before whole batches start, a late one among them
-        # moving as it would have (see SWITCH_AFTER_DELIVERED).
+        # moving as it would have; those not begun are loaded whole (see
+        # SWITCH_AFTER_DELIVERED).
         wanted = SWITCH_AFTER * self._num_workers
         if pace.batches >= SWITCH_AFTER_DELIVERED * self._num_workers and (
             pace.batches >= wanted or pace.batches + self._engine.pending() >= wanted
@@ -996,8 +997,8 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
     def _consider_switch(self) -> None:
         """Hands the epoch over to whole batches once its first batches
         moved no sample (see minato._loader.whole_batches), on worker
-        threads for good: the engine delivers what it was given, a new one
-        loads the batches after."""
+        threads for good: the engine delivers the batches it has begun, a
+        new one loads the batches after."""
         loader = self._loader()
         if loader is None or not loader._whole_batches.eligible(loader):
             self._may_switch = False

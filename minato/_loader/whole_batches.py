@@ -30,8 +30,9 @@ MIN_WORKERS = 8
 # An epoch on single samples hands over to whole batches once this many
 # batches of every worker's, past its first one of each (the pool's start),
 # moved no sample, counting those already on their way (the engine delivers
-# them before whole batches start: waiting for them too kept the epoch on
-# single samples twice as long, benchmarks/RESULTS.md session 16)...
+# those begun before whole batches start, and gives the others back to be
+# loaded whole: waiting for them too kept the epoch on single samples twice
+# as long, benchmarks/RESULTS.md sessions 16 and 18)...
 SWITCH_AFTER = 2
 # ...of which at least this many delivered: the loop's pace on them is what
 # whole batches are judged against.
