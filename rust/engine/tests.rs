@@ -1499,19 +1499,7 @@ proptest! {
         workers in 1usize..4,
         received_first in 0usize..4,
     ) {
-        let inside = Arc::new(AtomicUsize::new(0));
-        let config = SampleEngineConfig {
-            num_workers: workers,
-            max_samples_in_flight: 64,
-            max_batch_size: 8,
-            sample_timeout: SampleTimeout::Off,
-            max_slow_in_flight: 0,
-            shutdown_grace: Duration::from_secs(10),
-            adaptive: None,
-            drop_last: false,
-            in_sequence: true,
-        };
-        let mut engine = Samples::start(config, SampleHooks { inside: inside.clone() }).unwrap();
+        let (mut engine, inside) = start_samples_with(workers, 64, SampleTimeout::Off, 0, true);
         let mut submitted = Vec::new();
         let mut next_value = 0u64;
         for &size in &sizes {
