@@ -1485,6 +1485,28 @@ fn the_consumers_steps_are_measured_between_receipt_and_request() {
     assert!(step >= Duration::from_millis(30), "{step:?}");
 }
 
+/// The batches `withdraw_unstarted` gives back, as their values.
+fn take_back(engine: &mut Samples) -> Vec<Vec<u64>> {
+    engine
+        .withdraw_unstarted()
+        .unwrap()
+        .into_iter()
+        .map(|batch| batch.into_iter().map(|(value, _)| value).collect())
+        .collect()
+}
+
+/// Every batch the engine still delivers, until it has none pending.
+fn deliver_the_rest(engine: &mut Samples) -> Vec<Vec<u64>> {
+    let mut delivered = Vec::new();
+    loop {
+        match engine.recv(WAIT) {
+            Ok(batch) => delivered.push(batch),
+            Err(EngineError::Idle) => return delivered,
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
 
@@ -1514,19 +1536,8 @@ proptest! {
         for _ in 0..received_first.min(sizes.len()) {
             delivered.push(engine.recv(WAIT).unwrap());
         }
-        let withdrawn: Vec<Vec<u64>> = engine
-            .withdraw_unstarted()
-            .unwrap()
-            .into_iter()
-            .map(|batch| batch.into_iter().map(|(value, _)| value).collect())
-            .collect();
-        loop {
-            match engine.recv(WAIT) {
-                Ok(batch) => delivered.push(batch),
-                Err(EngineError::Idle) => break,
-                Err(other) => panic!("unexpected {other:?}"),
-            }
-        }
+        let withdrawn = take_back(&mut engine);
+        delivered.extend(deliver_the_rest(&mut engine));
         prop_assert_eq!(engine.pending(), 0);
         let together: Vec<Vec<u64>> = delivered.into_iter().chain(withdrawn).collect();
         prop_assert_eq!(together, submitted);
@@ -1547,23 +1558,11 @@ fn batches_no_worker_started_are_taken_back() {
     for first in [1u64, 3, 5] {
         engine.submit(vec![(first, 0), (first + 1, 0)]).unwrap();
     }
-    let withdrawn: Vec<Vec<u64>> = engine
-        .withdraw_unstarted()
-        .unwrap()
-        .into_iter()
-        .map(|batch| batch.into_iter().map(|(value, _)| value).collect())
-        .collect();
+    let withdrawn = take_back(&mut engine);
     let behind = vec![vec![1, 2], vec![3, 4], vec![5, 6]];
     assert!(withdrawn.ends_with(&behind), "{withdrawn:?}");
     // The first batch is taken back too where the worker had not started it.
-    let mut delivered = Vec::new();
-    loop {
-        match engine.recv(WAIT) {
-            Ok(batch) => delivered.push(batch),
-            Err(EngineError::Idle) => break,
-            Err(other) => panic!("unexpected {other:?}"),
-        }
-    }
+    let delivered = deliver_the_rest(&mut engine);
     let together: Vec<Vec<u64>> = delivered.into_iter().chain(withdrawn).collect();
     assert_eq!(together, vec![vec![0], vec![1, 2], vec![3, 4], vec![5, 6]]);
 }
