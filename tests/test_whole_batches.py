@@ -219,8 +219,7 @@ def test_an_epoch_that_moved_a_sample_earns_no_whole_batches() -> None:
 
 
 # Enough batches that an epoch has handed over to whole batches part way:
-# at the latest, after one of each worker's as they start and SWITCH_AFTER
-# more of each.
+# SWITCH_AFTER of each worker's, and one more of each to spare.
 HANDOVER_BATCH = (1 + SWITCH_AFTER) * MIN_WORKERS
 LONG_EPOCH = 8 * (HANDOVER_BATCH + 12 * MIN_WORKERS)
 

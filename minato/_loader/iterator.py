@@ -940,10 +940,12 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         self._pace = EpochPace(settling=loader.num_workers)
         # Whether this epoch may still hand over to whole batches.
         self._may_switch = not self._skip_errors and loader._whole_batches.eligible(loader)
-        # What a hand-over compares whole batches with: the loop's pace past
-        # the workers' start (an epoch's first batches come as its pool
-        # starts, on single samples as on whole batches).
-        self._handover_pace = EpochPace(settling=loader.num_workers)
+        # What a hand-over compares whole batches with: the loop's pace from
+        # its first batch on. On single samples the pool's start delays that
+        # first batch alone (which no pace counts); waiting for another of
+        # every worker's kept the epoch on single samples twice as long
+        # (benchmarks/RESULTS.md, session 19).
+        self._handover_pace = EpochPace(settling=0)
         super()._reset(loader, first_iter)
         if self._method.processes:
             self._on_processes()

@@ -9,13 +9,13 @@ batches 1.2-1.5x the samples/s of the sample path at 16 and 32 workers).
 An epoch that moved no sample delivered torch's batches in torch's order,
 which whole batches in order load as well, each sample drawing the same
 random numbers (minato._task.seed). So, from `MIN_WORKERS` workers on, once
-an epoch's first batches on single samples moved none (one of every
-worker's as the pool starts and `SWITCH_AFTER` more, counting those in
-flight, with enough of the epoch left), the rest of the epoch and the
-loader's next epochs load whole batches; where the training loop then
-waits on a batch as long as a late sample would have made it wait
-(`stalls`), or takes longer per batch (`EpochPace`) than it did on single
-samples, the loader's next epochs go back to single samples for good.
+an epoch's first batches on single samples moved none (`SWITCH_AFTER` of
+every worker's, counting those in flight, with enough of the epoch left),
+the rest of the epoch and the loader's next epochs load whole batches;
+where the training loop then waits on a batch as long as a late sample
+would have made it wait (`stalls`), or takes longer per batch
+(`EpochPace`) than it did on single samples, the loader's next epochs go
+back to single samples for good.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from typing import Any
 # kept.
 MIN_WORKERS = 8
 # An epoch on single samples hands over to whole batches once this many
-# batches of every worker's, past its first one of each (the pool's start),
-# moved no sample, counting those already on their way (the engine delivers
-# those begun before whole batches start, and gives the others back to be
-# loaded whole: waiting for them too kept the epoch on single samples twice
-# as long, benchmarks/RESULTS.md sessions 16 and 18)...
+# batches of every worker's moved no sample, the pool's first ones included
+# and those already on their way counted (the engine delivers those begun
+# before whole batches start, and gives the others back to be loaded whole:
+# waiting for them too, or for more past the pool's start, kept the epoch
+# on single samples twice as long, benchmarks/RESULTS.md sessions 16, 18
+# and 19)...
 SWITCH_AFTER = 2
 # ...of which at least this many delivered: the loop's pace on them is what
 # whole batches are judged against.
