@@ -90,10 +90,13 @@ def measure(make_loader, after_epochs: int = 0) -> tuple[float, float, float]:
     for _ in range(WARM_BATCHES):
         next(iterator)
     samples = batches = 0
+    handed_over_at = None
     began, cpu, takes = time.perf_counter(), _self_cpu(), _gil_takes()
     for images, _ in iterator:
         samples += len(images)
         batches += 1
+        if handed_over_at is None and getattr(iterator, "_handed_over", False):
+            handed_over_at = WARM_BATCHES + batches
     elapsed, cpu = time.perf_counter() - began, _self_cpu() - cpu
     takes = _gil_takes() - takes
     stats = loader.stats() if isinstance(loader, minato.DataLoader) else None
@@ -105,7 +108,7 @@ def measure(make_loader, after_epochs: int = 0) -> tuple[float, float, float]:
         handed_over = getattr(iterator, "_handed_over", False)
         path = "single samples" if single else "whole batches"
         if handed_over:
-            path = "single samples, then whole batches"
+            path = f"single samples, then whole batches (handed over at batch {handed_over_at})"
         loading = f"{path}, {stats.moved_samples} moved"
         last_run = (stats.worker_method, history[-1][1], stats.worker_method_reason or "", loading)
     del iterator, loader
