@@ -137,7 +137,9 @@ def test_a_worker_stuck_on_a_slow_sample_is_replaced_then_retired() -> None:
     dataset.release.set()
     batches += list(it)
     assert sizes_and_indices(batches) == ([4] * 10, list(range(40)))
-    assert engine.slow_samples == 1
+    # The stuck sample, and on a loaded machine perhaps a fast one held past
+    # the 50 ms timeout too.
+    assert engine.slow_samples >= 1
     assert engine.sample_timeout == pytest.approx(0.05)
 
 
