@@ -105,9 +105,8 @@ def measure(make_loader, after_epochs: int = 0) -> tuple[float, float, float]:
         # The pool is shut down after the epoch: its last size is history.
         history = stats.worker_history or [(0.0, stats.workers)]
         single = type(iterator).__name__ == "_SampleDataLoaderIter"
-        handed_over = getattr(iterator, "_handed_over", False)
         path = "single samples" if single else "whole batches"
-        if handed_over:
+        if handed_over_at is not None:
             path = f"single samples, then whole batches (handed over at batch {handed_over_at})"
         loading = f"{path}, {stats.moved_samples} moved"
         last_run = (stats.worker_method, history[-1][1], stats.worker_method_reason or "", loading)
