@@ -1370,6 +1370,88 @@ def test_thousands_of_cheap_samples_keep_threads_within_the_second(
     assert clock.now < _worker_method.DECIDE_AFTER_S
 
 
+def test_epochs_shorter_than_the_decision_window_add_up_to_a_decision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A loader of short epochs (a small evaluation set) starts new workers,
+    # and so a new window, every epoch: each alone too short to settle, yet
+    # the loader must decide (an undecided one keeps its fork server, probes
+    # its loop and never hands over to whole batches).
+    clock, method, _ = _auto_on_a_clock(monkeypatch)
+    epoch_s, samples = 0.15, 400  # samples that sleep, 60 us of CPU each
+    epochs = 0
+    while not method.decided:
+        assert epochs < 20
+        start = clock.now
+        method.restart_window({"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0})
+        for step in range(1, 5):
+            clock.now = start + epoch_s * step / 4
+            loaded = samples * step // 4
+            figures = {
+                "samples_loaded": loaded,
+                "busy": loaded * 0.0015,
+                "gil_wait": 0.0,
+                "cpu": loaded * 6e-5,
+            }
+            assert method.observe(figures) is None
+            if method.decided:
+                break
+        epochs += 1
+    assert not method.wants_processes
+    assert "samples take 60 us of CPU, too little" in method.reason
+    # Settled by the samples timed over the epochs (DECIDE_AFTER_SAMPLES),
+    # in the epoch that reached them.
+    assert epochs == -(-_worker_method.DECIDE_AFTER_SAMPLES // samples)
+    assert method.decided_after is not None
+    assert method.decided_after[0] == pytest.approx(clock.now)
+
+
+def test_how_soon_auto_chose_is_in_the_stats() -> None:
+    # A method given: nothing to time.
+    given = minato.DataLoader(Sleeps(), batch_size=8, num_workers=2, worker_method="thread")
+    assert given.stats().worker_method_decided_after is None
+    # Auto on a GIL-bound dataset: chosen within the first epoch, and how
+    # soon is said (the first decision, or the trial's verdict).
+    auto = minato.DataLoader(PurePython(), batch_size=8, num_workers=2)
+    batches = len(list(auto))
+    stats = auto.stats()
+    assert not stats.worker_method_reason.startswith("auto: threads until"), stats
+    assert stats.worker_method_decided_after is not None
+    assert stats.worker_method_decided_after > 0
+    assert 0 < stats.worker_method_decided_at_batch <= batches
+    assert "worker method chosen" in str(stats)
+    # A later loader over the same type starts from that choice: at once.
+    later = minato.DataLoader(PurePython(), batch_size=8, num_workers=2)
+    assert later.stats().worker_method_decided_after == 0.0
+    assert later.stats().worker_method_decided_at_batch == 0
+    del given, auto, later
+    assert wait_until(lambda: not workers_of_this_process())
+
+
+class ShortEpochs(Dataset):
+    """A small dataset of cheap samples that release the GIL: an epoch takes
+    a small share of the time auto watches a loader before keeping threads."""
+
+    def __len__(self) -> int:
+        return 400
+
+    def __getitem__(self, index: int) -> int:
+        time.sleep(0.001)
+        return index
+
+
+def test_a_loader_of_short_epochs_decides_over_them() -> None:
+    loader = minato.DataLoader(ShortEpochs(), batch_size=16, num_workers=2)
+    for _ in range(30):
+        assert indices(loader) == list(range(400))
+        if loader.stats().worker_method_decided_after is not None:
+            break
+    stats = loader.stats()
+    assert stats.worker_method == "thread"
+    assert stats.worker_method_decided_after is not None, stats.worker_method_reason
+    assert "too little for a worker process's round trip" in stats.worker_method_reason
+
+
 def test_workers_that_wait_for_the_gil_while_computing_move(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -122,6 +122,15 @@ class LoaderStats:
     ``WorkerInfo.worker_method`` values); None without workers."""
     worker_method_reason: str | None = None
     """Why: the option given, or what the automatic choice measured."""
+    worker_method_decided_after: float | None = None
+    """How soon ``worker_method="auto"`` chose: seconds from its first
+    workers' start to its choice (its first decision, then, where it tried
+    processes, the trial's verdict); 0.0 where it was decided before any
+    worker started (for an earlier loader over a dataset of the same type).
+    None while auto has not chosen, and for a method given."""
+    worker_method_decided_at_batch: int | None = None
+    """The batches the training loop had received when auto chose (see
+    ``worker_method_decided_after``)."""
     loop_step: float | None = None
     """Mean time the training loop spent between receiving a batch and asking
     for the next (its own work: the step); worker threads that share its GIL
@@ -191,6 +200,7 @@ class LoaderStats:
             ("sample timeout", _ms(self.sample_timeout)),
             ("skipped samples", str(self.skipped_samples)),
             ("worker method", f"{self.worker_method or '-'} ({self.worker_method_reason or '-'})"),
+            ("worker method chosen", _chosen(self)),
             ("loop's step (between batches)", _ms(self.loop_step)),
             ("loop's GIL delay", _ms(self.loop_gil_delay)),
         ]
@@ -201,6 +211,15 @@ class LoaderStats:
 
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"
+
+
+def _chosen(stats: LoaderStats) -> str:
+    if stats.worker_method_decided_after is None:
+        return "-"
+    return (
+        f"{stats.worker_method_decided_after:.2f}s after the workers started, "
+        f"at batch {stats.worker_method_decided_at_batch}"
+    )
 
 
 def _share(fraction: float | None) -> str:
@@ -306,6 +325,7 @@ class StatsRecorder:
         else:
             figures = last
             workers = 0
+        decided = None if self.method is None else self.method.decided_after
         return LoaderStats(
             samples=self.samples,
             batches=self.batches,
@@ -328,6 +348,8 @@ class StatsRecorder:
             elapsed=0.0 if started is None else time.perf_counter() - started,
             worker_method=None if self.method is None else self.method.name,
             worker_method_reason=None if self.method is None else self.method.reason,
+            worker_method_decided_after=None if decided is None else decided[0],
+            worker_method_decided_at_batch=None if decided is None else decided[1],
             loop_step=figures.get("loop_step"),
             loop_gil_delay=None if self.method is None else self.method.loop_gil_delay,
         )

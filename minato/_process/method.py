@@ -165,7 +165,9 @@ COMPUTE_SHARE = 0.3
 # replace a pool grown for I/O (on 2 cores a 2 ms sleep read 5,000-9,000
 # samples/s on threads, 870 on 2 processes). Not evidence for processes.
 WAITING_SHARE = 0.1
-# Both signals low for this long: threads stay, and probing ends.
+# Both signals low for this long (over every epoch the loader stayed
+# undecided through, see WorkerMethod._seen_before): threads stay, and
+# probing ends.
 DECIDE_AFTER_S = 1.0
 # Samples under MIN_SAMPLE_WORK_S keep threads after DECIDE_AFTER_S, or
 # sooner once this many were timed: many threads on cheap samples time
@@ -338,6 +340,26 @@ class WorkerMethod:
             else:
                 self._threads_inherited = True
         self._window: _Window | None = None
+        # The time and samples the current window was observed over, and
+        # those of the earlier windows this loader stayed undecided through
+        # (epochs on workers of their own, each shorter than DECIDE_AFTER_S):
+        # the rules that keep threads once the signs stayed low for long
+        # enough count them all, or a loader of short epochs would never
+        # decide (its fork server kept, its epochs never handed to whole
+        # batches).
+        self._seen: tuple[float, int] = (0.0, 0)
+        self._seen_before: tuple[float, int] = (0.0, 0)
+        # When the first workers started, and the batches the loop received
+        # since, for how soon auto chose (`decided_after`).
+        self._first_started: float | None = None
+        self._batches_received = 0
+        # Seconds and the loop's batches from the first workers' start to
+        # auto's choice (its first decision, then a trial's verdict); (0, 0)
+        # where it was decided before any worker started (an earlier loader
+        # of the dataset's type); None until auto chose, or for a method given.
+        self.decided_after: tuple[float, int] | None = None
+        if requested == "auto" and (self.decided or self._threads_inherited):
+            self.decided_after = (0.0, 0)
         # Back on threads after a trial: the fork server goes once the
         # trial's worker processes have exited (minato._loader.iterator).
         self.left_processes = False
@@ -388,6 +410,10 @@ class WorkerMethod:
 
     def restart_window(self, figures: dict[str, float] | None = None) -> None:
         """Measurements start over (new workers: their start-up is not evidence)."""
+        if not self.decided:
+            (before, samples_before), (seen, samples) = self._seen_before, self._seen
+            self._seen_before = (before + seen, samples_before + samples)
+        self._seen = (0.0, 0)
         self._window = None if figures is None else self._window_of(figures)
         self._probe_total, self._probes = 0.0, 0
         self._last_batch = None  # no interval spans two epochs
@@ -403,6 +429,7 @@ class WorkerMethod:
         trial finds processes slower than threads (the loader goes back to
         threads for good), else None."""
         last, self._last_batch = self._last_batch, now
+        self._batches_received += 1
         if last is None:
             self._start_up += waited
         else:
@@ -428,7 +455,8 @@ class WorkerMethod:
                 f"auto: worker processes, the training loop ran {processes:.1f} batches/s "
                 f"on them against {threads:.1f} on threads ({self._heuristic})"
             )
-            logger.info("minato: keeping worker processes (%s)", self.reason)
+            self._chosen()
+            logger.info("minato: keeping worker processes (%s)%s", self.reason, self._how_soon())
             self._remember()
             return None
         self._back_to_threads(
@@ -443,7 +471,8 @@ class WorkerMethod:
         self.processes = self.wants_processes = False
         self.left_processes = True
         self.reason = reason
-        logger.info("minato: back to worker threads (%s)", self.reason)
+        self._chosen()
+        logger.info("minato: back to worker threads (%s)%s", self.reason, self._how_soon())
         self._remember()
 
     def _remember(self) -> None:
@@ -464,8 +493,11 @@ class WorkerMethod:
     def _window_of(self, figures: dict[str, float]) -> _Window:
         """A window starting now, from the engine's `figures` and the loop's
         waits so far."""
+        started = time.perf_counter()
+        if self._first_started is None:
+            self._first_started = started
         return _Window(
-            time.perf_counter(),
+            started,
             figures["gil_wait"],
             figures["busy"],
             int(figures["samples_loaded"]),
@@ -526,6 +558,10 @@ class WorkerMethod:
         ahead = occupancy is None or occupancy >= LOOP_BOUND_OCCUPANCY
         loop_bound = can_trial and paced and waited_share < LOOP_BOUND_WAITED and ahead
         samples = int(figures["samples_loaded"]) - window.samples
+        self._seen = (elapsed, samples)
+        # Observed undecided in all, over this window and the earlier ones.
+        seen_for = self._seen_before[0] + elapsed
+        seen_samples = self._seen_before[1] + samples
         busy = figures["busy"] - window.busy
         gil_wait = figures["gil_wait"] - window.gil_wait
         share = gil_wait / busy if busy > 0 else 0.0
@@ -546,8 +582,8 @@ class WorkerMethod:
         worth_a_process = work is not None and work >= MIN_SAMPLE_WORK_S
         self._worth_probing = worth_a_process
         if not worth_a_process:
-            timed_enough = elapsed >= MIN_WINDOW_S and samples >= DECIDE_AFTER_SAMPLES
-            if work is not None and (elapsed >= DECIDE_AFTER_S or timed_enough):
+            timed_enough = seen_for >= MIN_WINDOW_S and seen_samples >= DECIDE_AFTER_SAMPLES
+            if work is not None and (seen_for >= DECIDE_AFTER_S or timed_enough):
                 self._decide(
                     False,
                     f"auto: samples take {work * 1e6:.0f} us{' ' + what if what else ''}, "
@@ -555,7 +591,7 @@ class WorkerMethod:
                 )
             return None
         if self._threads_inherited:
-            return self._judge_loop(elapsed, samples, loop_bound, judged, can_trial)
+            return self._judge_loop(elapsed, samples, seen_for, loop_bound, judged, can_trial)
         if elapsed >= CLEAR_WINDOW_S and samples >= MIN_SAMPLES:
             if share >= CLEAR_GIL_SHARE:
                 return self._decide(
@@ -626,7 +662,7 @@ class WorkerMethod:
                 f"{work * 1e3:.1f} ms a sample), and processes may run them faster",
             )
         borderline = can_trial and judged >= LOOP_DELAY_TRIAL_S
-        if elapsed < DECIDE_AFTER_S:
+        if seen_for < DECIDE_AFTER_S:
             return "warm" if borderline else None
         if borderline:
             self._gain_wanted = True
@@ -678,7 +714,13 @@ class WorkerMethod:
         )
 
     def _judge_loop(
-        self, elapsed: float, samples: int, loop_bound: bool, judged: float, can_trial: bool
+        self,
+        elapsed: float,
+        samples: int,
+        seen_for: float,
+        loop_bound: bool,
+        judged: float,
+        can_trial: bool,
     ) -> str | None:
         """With threads decided for an earlier loader: only this loop's own
         signs count, and a trial must show processes faster."""
@@ -695,10 +737,11 @@ class WorkerMethod:
                 f"auto: the training loop waited {judged * 1e3:.2f} ms on average to take "
                 f"the GIL back, {kept}",
             )
-        if elapsed >= DECIDE_AFTER_S:
-            reason = self.reason
+        if seen_for >= DECIDE_AFTER_S:
+            # Threads as the earlier loader chose, from the start.
+            reason, soon = self.reason, self.decided_after
             self._decide(False, self._inherited_why)
-            self.reason = reason
+            self.reason, self.decided_after = reason, soon
         return None
 
     def _try_for_the_loop(self, why: str) -> str | None:
@@ -717,11 +760,24 @@ class WorkerMethod:
         if processes:
             self._heuristic = reason.removeprefix("auto: ")
             self.reason = f"auto: trying worker processes, as {self._heuristic}"
+        self._chosen()
         what = "trying worker processes" if processes else "keeping worker threads"
-        logger.info("minato: %s (%s)", what, self.reason)
+        logger.info("minato: %s (%s)%s", what, self.reason, self._how_soon())
         if not processes:
             self._remember()
         return "move" if processes else None
+
+    def _chosen(self) -> None:
+        """Auto chose now: how soon is kept for stats()."""
+        started = self._first_started
+        seconds = 0.0 if started is None else time.perf_counter() - started
+        self.decided_after = (seconds, self._batches_received)
+
+    def _how_soon(self) -> str:
+        if self.decided_after is None:
+            return ""
+        seconds, batches = self.decided_after
+        return f", {seconds:.2f} s after the workers started, at batch {batches}"
 
     def activate(self, batches_in_flight: int = 0, trial: bool = True) -> None:
         """Workers hand their next tasks to processes. With `trial` (auto),
@@ -736,7 +792,8 @@ class WorkerMethod:
         self.decided = True
         self.processes = self.wants_processes = False
         self.reason = f"auto: threads, as {why}"
-        logger.info("minato: keeping worker threads (%s)", self.reason)
+        self._chosen()
+        logger.info("minato: keeping worker threads (%s)%s", self.reason, self._how_soon())
 
     @property
     def loop_gil_delay(self) -> float | None:
