@@ -356,7 +356,9 @@ def test_worker_processes_started_in_a_fork_child_have_their_own_worker_ids(
     take that thread's WorkerInfo for theirs: each stream would be that
     worker's, read twice. (Seen as a flaky test under load, where auto
     moved this module's Stream loader to processes.)"""
-    monkeypatch.setitem(_worker_method._decided_for, Stream, (True, "auto: decided for the test"))
+    monkeypatch.setitem(
+        _worker_method._decided_for, Stream, (True, "auto: decided for the test", True)
+    )
     loader = minato.DataLoader(Stream(), batch_size=4, num_workers=2, persistent_workers=True)
     assert samples_of(lists(loader)) == EPOCH
     assert in_fork_child(lambda: samples_of(lists(loader))) == EPOCH

@@ -1186,17 +1186,19 @@ def _loop_bound_run(
     cpu_share: float | None = None,
     gil_share: float = 0.0,
     occupancy: float | None = None,
+    kind: type | None = None,
 ) -> tuple[WorkerMethod, list]:
-    """A loop that receives a batch every 50 ms after waiting `waited` for
-    it, its probes finding the GIL free (the workers idle, as a full queue
-    leaves them) or waiting `probe_delay`, then, if moved, a batch every
-    `processes_interval`. Its workers wait for the GIL `gil_share` of their
-    fetch time and spend `cpu_share` of the rest on a CPU (None: the engine
-    does not say). Each of its requests finds the ready queue `occupancy`
-    full (None: the engine does not say)."""
+    """A loop (over a dataset of type `kind`) that receives a batch every 50
+    ms after waiting `waited` for it, its probes finding the GIL free (the
+    workers idle, as a full queue leaves them) or waiting `probe_delay`,
+    then, if moved, a batch every `processes_interval`. Its workers wait for
+    the GIL `gil_share` of their fetch time and spend `cpu_share` of the
+    rest on a CPU (None: the engine does not say). Each of its requests
+    finds the ready queue `occupancy` full (None: the engine does not
+    say)."""
     clock = _Clock(probe_delay)
     _use_clock(monkeypatch, clock)
-    method = WorkerMethod("auto")
+    method = WorkerMethod("auto", kind)
     figures = {"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "fetch_p50": 0.005}
     if cpu_share is not None:
         figures["cpu"] = 0.0
@@ -1827,7 +1829,7 @@ def test_threads_decided_for_an_earlier_loader_are_judged_again_by_this_loop(
 ) -> None:
     clock = _Clock(0.0)
     _use_clock(monkeypatch, clock)
-    _worker_method._decided_for[_SomeDataset] = (False, "auto: threads, as measured")
+    _worker_method._decided_for[_SomeDataset] = (False, "auto: threads, as measured", False)
     method = WorkerMethod("auto", _SomeDataset)
     assert not method.decided and "earlier loader" in method.reason
     # A loop that waits for no batch sets the pace; one that waits half its
@@ -1844,6 +1846,28 @@ def test_threads_decided_for_an_earlier_loader_are_judged_again_by_this_loop(
     else:
         assert "move" not in verdicts and not method.wants_processes
         assert method.reason.startswith("auto: threads, as measured; decided for an earlier")
+
+
+def test_threads_a_trial_chose_hold_for_a_later_loader_without_another_trial(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A loop that sets the pace, and processes no faster than threads: the
+    # trial goes back to threads. A later loader over the same dataset type
+    # (an evaluation loader re-created for each evaluation) keeps them at
+    # once, where a choice made without a trial would be tried again.
+    first, verdicts = _loop_bound_run(
+        monkeypatch, waited=0.001, processes_interval=0.05, kind=_SomeDataset
+    )
+    assert verdicts[-1] == "revert" and not first.wants_processes
+    assert "on them against" in first.reason
+    later = WorkerMethod("auto", _SomeDataset)
+    assert later.decided and not later.may_use_processes
+    assert later.decided_after == (0.0, 0)
+    assert "decided for an earlier loader of _SomeDataset" in later.reason
+    clock = _Clock(0.0)
+    _use_clock(monkeypatch, clock)
+    assert set(_run_loop(later, clock, waited=0.001)) == {None}
+    assert not later.wants_processes
 
 
 def test_memory_freed_by_worker_threads_can_be_given_back() -> None:

@@ -299,7 +299,10 @@ _methods: weakref.WeakSet[WorkerMethod] = weakref.WeakSet()
 # What auto decided for good, by the dataset's type: a later loader over a
 # dataset of that type (an evaluation loader, one re-created each epoch, a
 # Lightning re-instantiation) starts from it instead of from a thread phase.
-_decided_for: weakref.WeakKeyDictionary[type, tuple[bool, str]] = weakref.WeakKeyDictionary()
+# Each entry: whether processes, why, and whether a trial measured the loop
+# on both (its verdict holds; a choice without one is judged again by a
+# later loader whose loop sets the pace).
+_decided_for: weakref.WeakKeyDictionary[type, tuple[bool, str, bool]] = weakref.WeakKeyDictionary()
 
 
 class WorkerMethod:
@@ -332,11 +335,16 @@ class WorkerMethod:
             self.decided = True
             self.reason = "auto: free-threaded Python, threads run in parallel"
         elif requested == "auto" and kind is not None and kind in _decided_for:
-            wants_processes, why = _decided_for[kind]
+            wants_processes, why, tried = _decided_for[kind]
             self._inherited_why = why
             self.reason = f"{why}; decided for an earlier loader of {kind.__name__}"
             if wants_processes:
                 self.decided = self._inherited = self.wants_processes = True
+            elif tried:
+                # A trial already found threads faster for a loop that set
+                # the pace: another would cost this loader a second or more
+                # on processes (an evaluation loader re-created each time).
+                self.decided = True
             else:
                 self._threads_inherited = True
         self._window: _Window | None = None
@@ -457,7 +465,7 @@ class WorkerMethod:
             )
             self._chosen()
             logger.info("minato: keeping worker processes (%s)%s", self.reason, self._how_soon())
-            self._remember()
+            self._remember(tried=True)
             return None
         self._back_to_threads(
             f"auto: threads, the training loop ran {threads:.1f} batches/s on them "
@@ -473,11 +481,11 @@ class WorkerMethod:
         self.reason = reason
         self._chosen()
         logger.info("minato: back to worker threads (%s)%s", self.reason, self._how_soon())
-        self._remember()
+        self._remember(tried=True)
 
-    def _remember(self) -> None:
+    def _remember(self, tried: bool = False) -> None:
         if self._kind is not None and not self._inherited:
-            _decided_for[self._kind] = (self.wants_processes, self.reason)
+            _decided_for[self._kind] = (self.wants_processes, self.reason, tried)
 
     def ready_for_processes(self) -> bool:
         """Auto moves once the loop's rate on threads is measured (sooner
