@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList};
 
 use super::detach;
 use super::errors::LoaderError;
@@ -14,10 +14,10 @@ use super::locked::Locked;
 use super::sample_collate::{CollateCost, PyBatch, PythonCollate};
 use super::sample_ledger::PySampleLedger;
 use super::stats::{self, GilWait};
-use super::worker::PythonSampleWorker;
+use super::worker::{PythonSampleWorker, SampleTask};
 use crate::engine::{SampleEngine, SampleEngineConfig, SampleTimeout};
 
-type Engine = SampleEngine<Py<PyAny>, PyResult<Py<PyAny>>, PythonSampleWorker, PythonCollate>;
+type Engine = SampleEngine<SampleTask, PyResult<Py<PyAny>>, PythonSampleWorker, PythonCollate>;
 
 /// Worker threads loading single samples (`make_worker(id)(epoch, indices)`),
 /// delivering batches built from whichever samples are ready first, each
@@ -162,8 +162,9 @@ impl PySampleEngine {
 
     /// Queues one batch: `from_queue` units queued in `ledger`, then the
     /// `fresh` indices, each handed out by the ledger at its position and
-    /// sent as the task `(position, index, seed)` (the epoch's `seed` is the
-    /// same for all); always True (the signature of `Engine.submit`).
+    /// run as the task `(position, index, seed)` (the epoch's `seed` is the
+    /// same for all; the worker thread builds the tuple); always True (the
+    /// signature of `Engine.submit`).
     #[pyo3(signature = (ledger, fresh, seed, from_queue=0))]
     fn submit(
         &self,
@@ -173,19 +174,17 @@ impl PySampleEngine {
         seed: &Bound<'_, PyAny>,
         from_queue: usize,
     ) -> PyResult<bool> {
-        let tasks = ledger
+        let seed = Arc::new(seed.clone().unbind());
+        let tasks: Vec<SampleTask> = ledger
             .get()
             .hand_out(py, from_queue, fresh)?
             .into_iter()
-            .map(|(position, index)| {
-                let position = position.into_pyobject(py)?.into_any();
-                Ok(
-                    PyTuple::new(py, [position, index.into_bound(py), seed.clone()])?
-                        .into_any()
-                        .unbind(),
-                )
+            .map(|(position, index)| SampleTask {
+                position,
+                index,
+                seed: Arc::clone(&seed),
             })
-            .collect::<PyResult<Vec<Py<PyAny>>>>()?;
+            .collect();
         self.engine
             .quick(py, |engine| engine.submit(tasks))?
             .map_err(LoaderError::from)?;
@@ -206,10 +205,8 @@ impl PySampleEngine {
             let positions = PyList::empty(py);
             let indices = PyList::empty(py);
             for task in batch {
-                // Each as `submit` made it: (position, index, seed).
-                let task = task.bind(py);
-                positions.append(task.get_item(0)?)?;
-                indices.append(task.get_item(1)?)?;
+                positions.append(task.position)?;
+                indices.append(task.index)?;
             }
             out.append((positions, indices))?;
         }

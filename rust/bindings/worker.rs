@@ -1,7 +1,9 @@
 //! The worker-thread side: how an engine worker calls into Python.
 
+use std::sync::Arc;
+
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyList, PyTuple};
 
 use super::fork_gate::attach_for_thread_life;
 use super::sample_progress::reporting_to;
@@ -68,8 +70,34 @@ impl WorkerHooks for PythonWorker {
     }
 }
 
-/// Runs `minato._task.runner`'s sample runner: `run(epoch, indices) -> samples`,
-/// one sample (or an ExceptionWrapper, or a skipped sample's record) per index.
+/// One sample of a task as the engine holds it: its position in the epoch
+/// (its identity in the ledger), the sampler's index, and the epoch's seed.
+/// The worker thread that runs it hands the runner `(position, index,
+/// seed)`: the training thread, which submits it, builds no Python object
+/// per sample.
+pub(crate) struct SampleTask {
+    pub position: u64,
+    pub index: Py<PyAny>,
+    pub seed: Arc<Py<PyAny>>,
+}
+
+impl SampleTask {
+    fn to_python<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let position = self.position.into_pyobject(py)?.into_any();
+        PyTuple::new(
+            py,
+            [
+                position,
+                self.index.bind(py).clone(),
+                self.seed.bind(py).clone(),
+            ],
+        )
+    }
+}
+
+/// Runs `minato._task.runner`'s sample runner: `run(epoch, tasks) -> samples`,
+/// one sample (or an ExceptionWrapper, or a skipped sample's record) per
+/// `(position, index, seed)` task.
 pub(crate) struct PythonSampleWorker {
     /// `make_worker(worker_id) -> run`, called once on each worker thread.
     pub make_worker: Py<PyAny>,
@@ -79,7 +107,7 @@ pub(crate) struct PythonSampleWorker {
 }
 
 impl WorkerHooks for PythonSampleWorker {
-    type Payload = Vec<Py<PyAny>>;
+    type Payload = Vec<SampleTask>;
     type Output = Vec<Sample<PyResult<Py<PyAny>>>>;
     type State = PyResult<Py<PyAny>>;
 
@@ -116,7 +144,11 @@ impl WorkerHooks for PythonSampleWorker {
                 .as_ref()
                 .map_err(|err| err.clone_ref(py))
                 .and_then(|run| {
-                    let indices = PyList::new(py, indices)?;
+                    let tasks = indices
+                        .iter()
+                        .map(|task| task.to_python(py))
+                        .collect::<PyResult<Vec<_>>>()?;
+                    let indices = PyList::new(py, tasks)?;
                     let samples = reporting_to(clock, || run.bind(py).call1((epoch, indices)))?;
                     samples
                         .try_iter()?
