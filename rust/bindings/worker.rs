@@ -82,13 +82,16 @@ pub(crate) struct SampleTask {
 }
 
 impl SampleTask {
-    fn to_python<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+    /// The runner's tuple, taking the index's reference: consumed with the
+    /// GIL held, so no reference is left to drop without it (pyo3 queues
+    /// such a decref on a lock that every thread's next attach takes).
+    fn into_python(self, py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
         let position = self.position.into_pyobject(py)?.into_any();
         PyTuple::new(
             py,
             [
                 position,
-                self.index.bind(py).clone(),
+                self.index.into_bound(py),
                 self.seed.bind(py).clone(),
             ],
         )
@@ -145,8 +148,8 @@ impl WorkerHooks for PythonSampleWorker {
                 .map_err(|err| err.clone_ref(py))
                 .and_then(|run| {
                     let tasks = indices
-                        .iter()
-                        .map(|task| task.to_python(py))
+                        .into_iter()
+                        .map(|task| task.into_python(py))
                         .collect::<PyResult<Vec<_>>>()?;
                     let indices = PyList::new(py, tasks)?;
                     let samples = reporting_to(clock, || run.bind(py).call1((epoch, indices)))?;
