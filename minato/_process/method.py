@@ -463,8 +463,7 @@ class WorkerMethod:
                 f"auto: worker processes, the training loop ran {processes:.1f} batches/s "
                 f"on them against {threads:.1f} on threads ({self._heuristic})"
             )
-            self._chosen()
-            logger.info("minato: keeping worker processes (%s)%s", self.reason, self._how_soon())
+            self._announce("keeping worker processes")
             self._remember(tried=True)
             return None
         self._back_to_threads(
@@ -479,8 +478,7 @@ class WorkerMethod:
         self.processes = self.wants_processes = False
         self.left_processes = True
         self.reason = reason
-        self._chosen()
-        logger.info("minato: back to worker threads (%s)%s", self.reason, self._how_soon())
+        self._announce("back to worker threads")
         self._remember(tried=True)
 
     def _remember(self, tried: bool = False) -> None:
@@ -768,24 +766,24 @@ class WorkerMethod:
         if processes:
             self._heuristic = reason.removeprefix("auto: ")
             self.reason = f"auto: trying worker processes, as {self._heuristic}"
-        self._chosen()
-        what = "trying worker processes" if processes else "keeping worker threads"
-        logger.info("minato: %s (%s)%s", what, self.reason, self._how_soon())
+        self._announce("trying worker processes" if processes else "keeping worker threads")
         if not processes:
             self._remember()
         return "move" if processes else None
 
-    def _chosen(self) -> None:
-        """Auto chose now: how soon is kept for stats()."""
+    def _announce(self, what: str) -> None:
+        """Auto chose now (`what`, for the reason set): keeps how soon for
+        stats(), and logs both."""
         started = self._first_started
         seconds = 0.0 if started is None else time.perf_counter() - started
         self.decided_after = (seconds, self._batches_received)
-
-    def _how_soon(self) -> str:
-        if self.decided_after is None:
-            return ""
-        seconds, batches = self.decided_after
-        return f", {seconds:.2f} s after the workers started, at batch {batches}"
+        logger.info(
+            "minato: %s (%s), %.2f s after the workers started, at batch %d",
+            what,
+            self.reason,
+            seconds,
+            self._batches_received,
+        )
 
     def activate(self, batches_in_flight: int = 0, trial: bool = True) -> None:
         """Workers hand their next tasks to processes. With `trial` (auto),
@@ -800,8 +798,7 @@ class WorkerMethod:
         self.decided = True
         self.processes = self.wants_processes = False
         self.reason = f"auto: threads, as {why}"
-        self._chosen()
-        logger.info("minato: keeping worker threads (%s)%s", self.reason, self._how_soon())
+        self._announce("keeping worker threads")
 
     @property
     def loop_gil_delay(self) -> float | None:
