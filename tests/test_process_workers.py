@@ -485,6 +485,47 @@ def test_auto_moves_a_gil_bound_dataset_to_processes() -> None:
     assert "GIL" in reason or "sets the pace" in reason, reason
 
 
+class PurePythonHoldingALock(PurePython):
+    """PurePython's samples, from a dataset no process can be sent: a lock
+    cannot be pickled."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+
+def test_auto_keeps_threads_for_a_gil_bound_dataset_that_cannot_be_pickled() -> None:
+    loader = minato.DataLoader(PurePythonHoldingALock(), batch_size=8, shuffle=True, num_workers=2)
+    for _ in range(5):
+        assert indices(loader) == list(range(4000))
+        if "cannot be pickled" in (loader.stats().worker_method_reason or ""):
+            break
+    stats = loader.stats()
+    assert stats.worker_method == "thread"
+    assert "cannot be pickled" in (stats.worker_method_reason or ""), stats.worker_method_reason
+
+
+def test_auto_pickles_the_workers_spec_off_the_training_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The training thread forks the fork server and goes on: pickling the
+    # dataset (megabytes, for one that holds its data) is another thread's.
+    pickled_on: list[str] = []
+    spec_payload = _process.ProcessWorkers.spec_payload
+
+    def recorded(self):
+        pickled_on.append(threading.current_thread().name)
+        return spec_payload(self)
+
+    monkeypatch.setattr(_process.ProcessWorkers, "spec_payload", recorded)
+    loader = minato.DataLoader(PurePython(), batch_size=8, shuffle=True, num_workers=2)
+    for _ in range(5):
+        assert indices(loader) == list(range(4000))
+        if pickled_on:  # auto went for processes
+            break
+    assert pickled_on, loader.stats().worker_method_reason
+    assert threading.main_thread().name not in pickled_on, pickled_on
+
+
 def test_auto_keeps_threads_where_the_work_releases_the_gil() -> None:
     loader = minato.DataLoader(
         Sleeps(), batch_size=8, shuffle=True, num_workers=2, persistent_workers=True

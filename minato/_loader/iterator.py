@@ -638,7 +638,14 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             self._trim_after = None
             give_back_freed_memory_soon()
         if method.wants_processes and not method.processes:
-            if fork_server_ready(processes.modules()) and method.ready_for_processes():
+            # The spec is pickled off this thread (ProcessWorkers.prepare).
+            modules = processes.prepared()
+            if modules is None:
+                if processes.unpicklable is not None:
+                    method.cannot_use_processes(processes.unpicklable)
+                    release_fork_server()
+                return
+            if fork_server_ready(modules) and method.ready_for_processes():
                 loader = self._loader()
                 in_flight = 0 if loader is None else self._batches_in_flight(loader)
                 # Only a loader whose workers move between tasks can go back.
@@ -650,7 +657,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
                 # Decided before this loader's first samples (an earlier
                 # loader's decision): the dataset's modules too. Asking again
                 # does nothing.
-                warm_up(processes.modules())
+                warm_up(modules)
             return
         if method.decided:
             if method.left_processes and now >= self._next_method_check:
@@ -672,14 +679,10 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         # The fork server first, from this thread: the dataset's large
         # arrays and lists go to worker processes as references to its
         # memory only once it has them (minato._process.inherit), so the
-        # spec is pickled after.
+        # spec is pickled after, off this thread; a spec that cannot be is
+        # found on a later batch (above).
         warm_up(dataset=processes.spec.dataset)
-        why = processes.check_picklable()
-        if why is not None:
-            method.cannot_use_processes(why)
-            release_fork_server()
-            return
-        warm_up(processes.modules())
+        processes.prepare()
         # Where the signs point to processes, threads whose Python takes the
         # GIL gain nothing from more of them (measured: a PIL pipeline's pool
         # grew to 4-12 threads at the start, its epoch 3-7 % slower than on

@@ -195,13 +195,22 @@ class _Zygote:
         self.pid = os.getpid()
         self.lock = threading.Lock()
         self.imported: set[str] = set()
-        if ours.recv(1) != b"r":
-            raise RuntimeError("minato's fork server failed to start (see its output above)")
+        # Its "ready" is read by the first request, not here: the thread that
+        # forked it (auto's, the training loop's) goes on meanwhile.
+        self._ready = False
+
+    def _wait_ready(self) -> None:
+        """Waits for the server's "ready" (under `lock`, before a request)."""
+        if not self._ready:
+            if self.sock.recv(1) != b"r":
+                raise RuntimeError("minato's fork server failed to start (see its output above)")
+            self._ready = True
 
     def preload(self, modules: list[str]) -> None:
         """Has the zygote import `modules` (those not sent before), so that
         the workers it forks from now on start with them imported."""
         with self.lock:
+            self._wait_ready()
             new = [name for name in modules if name not in self.imported]
             if not new:
                 return
@@ -214,6 +223,7 @@ class _Zygote:
     def fork(self, worker_end: socket.socket) -> int:
         """Starts a worker process on `worker_end`; returns its pid."""
         with self.lock:
+            self._wait_ready()
             socket.send_fds(self.sock, [b"f"], [worker_end.fileno()])
             answer = b""
             while len(answer) < _zygote.PID.size:
@@ -231,7 +241,8 @@ _zygote_started = threading.Event()
 
 
 def _zygote_now() -> _Zygote:
-    """The running zygote of this process, started if need be (waits)."""
+    """The running zygote of this process, forked if need be (its "ready"
+    is waited for by its first request)."""
     global _the_zygote
     with _zygote_lock:
         zygote = _the_zygote
@@ -443,6 +454,9 @@ class ProcessWorkers:
         self._lock = threading.Lock()
         self._payload: _ipc.Payload | None = None
         self._modules: list[str] | None = None
+        # Set once `prepare` began; then why the spec cannot be pickled, if so.
+        self._preparing = False
+        self.unpicklable: str | None = None
         self._processes: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
         self.closed = False
         _live.add(self)
@@ -478,6 +492,31 @@ class ProcessWorkers:
         except Exception as error:  # pickling raises many types
             return f"the dataset or a function it needs cannot be pickled ({error})"
         return None
+
+    def prepare(self) -> None:
+        """Pickles the spec, then has the running fork server import the
+        modules it names, on a thread of its own (once): the training
+        loop's thread, which forks the server, goes on meanwhile (see
+        `prepared`)."""
+        with self._lock:
+            if self._preparing:
+                return
+            self._preparing = True
+        threading.Thread(target=self._prepare, name="minato worker spec", daemon=True).start()
+
+    def _prepare(self) -> None:
+        why = self.check_picklable()
+        if why is not None:
+            self.unpicklable = why
+        elif _zygote_running():  # never forked from this thread
+            warm_up(self.modules())
+
+    def prepared(self) -> list[str] | None:
+        """The modules the spec's pickle names, once `prepare` pickled it
+        (None before, and where it cannot be: see `unpicklable`)."""
+        self.prepare()
+        with self._lock:
+            return None if self._payload is None else self._modules
 
     def adopt(self, process: WorkerProcess) -> None:
         with self._lock:
