@@ -24,9 +24,15 @@ how it ran: the worker method and the pool's size at the end (from
 whether it loaded whole batches. "minato defaults, second epoch" times the
 same loader's second epoch: after an epoch on single samples that moved
 none, the defaults load whole batches (minato._loader.whole_batches).
+The steady state is timed after the first 8 batches; ``--after-prefetch``
+also times it after the prefetched ones (2 per worker), in the same run: a
+pool of whole batches delivers its first round together after a batch's
+loading time (the 8 first batches leave the rest of that round ready), and
+a sample-level epoch that hands over waits that long once, at the
+hand-over.
 
     python benchmarks/manycore.py [--workers 16 --sleep-ms 3] [--batch 64]
-        [--busy [--busy-at-workers-nice]]
+        [--busy [--busy-at-workers-nice]] [--after-prefetch]
 """
 
 from __future__ import annotations
@@ -78,10 +84,19 @@ def _self_cpu() -> float:
 last_run: tuple[str, int, str, str] | None = None
 
 
-def measure(make_loader, after_epochs: int = 0) -> tuple[float, float, float]:
+#: With ``--after-prefetch``: the last run's samples/s after its prefetched
+#: batches (see `measure`).
+after_prefetch: float | None = None
+
+
+def measure(
+    make_loader, after_epochs: int = 0, prefetched: int | None = None
+) -> tuple[float, float, float]:
     """(samples/s, CPU seconds per sample, minato's GIL takes per batch)
-    after the first batches (of the epoch after `after_epochs` whole ones)."""
-    global last_run
+    after the first batches (of the epoch after `after_epochs` whole ones);
+    also, given `prefetched`, samples/s after that many batches
+    (`after_prefetch`)."""
+    global last_run, after_prefetch
     loader = make_loader()
     for _ in range(after_epochs):
         for _ in loader:
@@ -92,12 +107,17 @@ def measure(make_loader, after_epochs: int = 0) -> tuple[float, float, float]:
     samples = batches = 0
     handed_over_at = None
     began, cpu, takes = time.perf_counter(), _self_cpu(), _gil_takes()
+    later = None  # (time, samples) once the prefetched batches are in
     for images, _ in iterator:
         samples += len(images)
         batches += 1
         if handed_over_at is None and getattr(iterator, "_handed_over", False):
             handed_over_at = WARM_BATCHES + batches
-    elapsed, cpu = time.perf_counter() - began, _self_cpu() - cpu
+        if prefetched is not None and WARM_BATCHES + batches == prefetched:
+            later = (time.perf_counter(), samples)
+    ended = time.perf_counter()
+    after_prefetch = None if later is None else (samples - later[1]) / (ended - later[0])
+    elapsed, cpu = ended - began, _self_cpu() - cpu
     takes = _gil_takes() - takes
     stats = loader.stats() if isinstance(loader, minato.DataLoader) else None
     last_run = None
@@ -164,7 +184,13 @@ def main() -> None:
         help="the spinners at each row's worker priority (needs root)",
     )
     parser.add_argument("--only", action="append", help="systems whose name contains this")
+    parser.add_argument(
+        "--after-prefetch",
+        action="store_true",
+        help="also samples/s after the prefetched batches (prefetch_factor 2 x workers)",
+    )
     args = parser.parse_args()
+    prefetched = 2 * args.workers if args.after_prefetch else None
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     sleep_s = args.sleep_ms / 1000
     ideal = args.workers / sleep_s
@@ -206,8 +232,10 @@ def main() -> None:
                     nice = worker_nice_value(options.get("worker_nice", DEFAULT_WORKER_NICE)) or 0
                 for spinner in spinners:
                     os.setpriority(os.PRIO_PROCESS, spinner.pid, nice)
-            rate, cpu, takes = measure(make, after_epochs)
+            rate, cpu, takes = measure(make, after_epochs, prefetched)
             gil = "" if use_torch else f"  {takes:6.1f} GIL takes/batch"
+            if after_prefetch is not None:
+                gil = f"  ({after_prefetch / ideal:4.2f} after the prefetched)" + gil
             if last_run is not None:
                 gil += f"  {last_run[0]}, {last_run[1]} at the end, {last_run[3]}"
                 if last_run[2].startswith("auto"):
