@@ -102,7 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     warm_up([__name__, "gpu_train"])
-    while not fork_server_ready([]):
+    while not fork_server_ready([__name__, "gpu_train"]):
         time.sleep(0.05)
     images: list[bytes] = []
     datasets = {
