@@ -454,8 +454,11 @@ class ProcessWorkers:
         self._lock = threading.Lock()
         self._payload: _ipc.Payload | None = None
         self._modules: list[str] | None = None
-        # Set once `prepare` began; then why the spec cannot be pickled, if so.
+        # Set once `prepare` began; then the modules the spec's pickle names
+        # once it is pickled, or why it cannot be. (Not under `_lock`, which
+        # the pickling holds: the training thread never waits for it.)
         self._preparing = False
+        self._prepared: list[str] | None = None
         self.unpicklable: str | None = None
         self._processes: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
         self.closed = False
@@ -498,25 +501,26 @@ class ProcessWorkers:
         modules it names, on a thread of its own (once): the training
         loop's thread, which forks the server, goes on meanwhile (see
         `prepared`)."""
-        with self._lock:
-            if self._preparing:
-                return
-            self._preparing = True
+        if self._preparing:  # only ever called from the training thread
+            return
+        self._preparing = True
         threading.Thread(target=self._prepare, name="minato worker spec", daemon=True).start()
 
     def _prepare(self) -> None:
         why = self.check_picklable()
         if why is not None:
             self.unpicklable = why
-        elif _zygote_running():  # never forked from this thread
-            warm_up(self.modules())
+            return
+        modules = self.modules()
+        if _zygote_running():  # never forked from this thread
+            warm_up(modules)
+        self._prepared = modules
 
     def prepared(self) -> list[str] | None:
         """The modules the spec's pickle names, once `prepare` pickled it
         (None before, and where it cannot be: see `unpicklable`)."""
         self.prepare()
-        with self._lock:
-            return None if self._payload is None else self._modules
+        return self._prepared
 
     def adopt(self, process: WorkerProcess) -> None:
         with self._lock:
