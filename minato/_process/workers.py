@@ -236,8 +236,6 @@ class _Zygote:
 
 _zygote_lock = threading.Lock()
 _the_zygote: _Zygote | None = None
-# Set when the zygote has started (or failed to) in this process.
-_zygote_started = threading.Event()
 
 
 def _zygote_now() -> _Zygote:
@@ -247,10 +245,7 @@ def _zygote_now() -> _Zygote:
     with _zygote_lock:
         zygote = _the_zygote
         if zygote is None or not _zygote_running():
-            try:
-                zygote = _the_zygote = _Zygote()
-            finally:
-                _zygote_started.set()
+            zygote = _the_zygote = _Zygote()
         return zygote
 
 
