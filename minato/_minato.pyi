@@ -53,6 +53,7 @@ class Engine:
         round_robin: bool,
         shutdown_grace: float,
         max_workers: int | None = None,
+        refining: bool = False,
     ) -> Engine: ...
     @property
     def num_workers(self) -> int: ...

@@ -174,6 +174,7 @@ impl<W: WorkerHooks> Workers<W> {
             occupancy: self.occupancy.mean(),
             asks: self.occupancy.asks(),
             loop_step: self.steps.mean(),
+            growth_refining: self.pool.growth_refining(),
             ..EngineStats::default()
         }
     }
