@@ -20,8 +20,8 @@ from helpers import os_threads, threads_left_since
 import minato
 from minato._loader import iterator as iterator_module
 from minato._loader.iterator import _SampleDataLoaderIter, _WholeBatchDataLoaderIter
-from minato._minato import Engine
 from minato._loader.whole_batches import MIN_WORKERS, SWITCH_AFTER, WholeBatchChoice
+from minato._minato import Engine
 
 pytestmark = pytest.mark.timeout(240)
 
