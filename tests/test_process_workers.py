@@ -1326,6 +1326,25 @@ def test_a_loop_that_sets_the_pace_tries_processes_once_its_second_batch_shows_i
     assert method.ready_for_processes()
 
 
+def test_the_loops_wait_for_the_workers_first_batch_is_not_a_short_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One worker: the loop's first request finds the queue empty (the
+    # workers' start-up), its second finds it half full. The mean of both
+    # read as a loop that batches do not pile up before; the second alone
+    # shows a loop that sets the pace, at its second batch.
+    clock, method, figures = _auto_on_a_clock(monkeypatch, fetch_p50=0.005)
+    clock.now = 0.1
+    method.batch_received(clock.now, 0.1)
+    figures = dict(figures, samples_loaded=16, busy=0.09, cpu=0.05)
+    assert method.observe(dict(figures, queue_asks=1, queue_occupancy=0.0)) is None
+    clock.now += 0.2
+    method.batch_received(clock.now, 0.002)
+    figures = dict(figures, samples_loaded=48, busy=0.27, cpu=0.15)
+    verdict = method.observe(dict(figures, queue_asks=2, queue_occupancy=0.25))
+    assert verdict == "move" and "sets the pace" in method.reason, method.reason
+
+
 def test_a_loop_that_sets_the_pace_goes_back_to_threads_unless_processes_gain(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

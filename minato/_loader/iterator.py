@@ -606,10 +606,15 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
                     self._shutdown(SHUTDOWN_GRACE_S)
                 raise
             waited = time.perf_counter() - asked
+            tags, samples, data, skipped = self._unpack(engine, data)
+            if self._processes is not None and data is not None and not isinstance(data, Failure):
+                # Before the refill: where the workers move to processes now,
+                # the batch submitted next is theirs, not a thread's beside
+                # the training loop.
+                self._watch_method(waited)
             # Refill before handing the batch over, as torch does: after k
             # batches the sampler has been advanced exactly as far as torch's.
             self._submit_ready()
-            tags, samples, data, skipped = self._unpack(engine, data)
             over_budget = self._note_skipped(skipped + self._engine_skipped())
             if over_budget is not None:
                 return tags, over_budget
@@ -620,8 +625,6 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             if isinstance(data, Failure):
                 return tags, data
             self._report(samples, waited)
-            if self._processes is not None:
-                self._watch_method(waited)
             # Pinned already, off this thread (minato._loader.collate_stage).
             return tags, data
 

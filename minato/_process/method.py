@@ -271,6 +271,8 @@ class _Window:
     # queue's occupancy each found.
     asks: int = 0
     occupancy_sum: float = 0.0
+    # Its requests for new workers' first batch that found none ready.
+    start_up_asks: int = 0
     # The process's threads' time runnable but waiting for a core (None
     # where the kernel does not tell).
     runnable_wait: float | None = None
@@ -391,8 +393,12 @@ class WorkerMethod:
         # way must show a gain (see LOOP_BOUND_WAITED).
         self._waited = 0.0
         # The waits for the first batch from new workers: their start-up, not
-        # the loop's pace (left out of the share of its time it waits).
+        # the loop's pace (left out of the share of its time it waits)...
         self._start_up = 0.0
+        # ...and the requests that waited so (an empty queue by construction,
+        # left out of the occupancy the loop found: with one worker it made
+        # the mean at the second batch half of what that batch found).
+        self._start_up_asks = 0
         # The batches after those first ones, which show the loop's pace.
         self._paced_batches = 0
         self._gain_wanted = False
@@ -440,6 +446,7 @@ class WorkerMethod:
         self._batches_received += 1
         if last is None:
             self._start_up += waited
+            self._start_up_asks += int(waited > 0)
         else:
             self._waited += waited
             self._paced_batches += 1
@@ -513,6 +520,7 @@ class WorkerMethod:
             self._paced_batches,
             time.process_time(),
             *_asked(figures),
+            self._start_up_asks,
             _runnable_wait(),
         )
 
@@ -559,7 +567,7 @@ class WorkerMethod:
         # Not before the loop has shown its pace: a batch after the first.
         paced = self._paced_batches > window.paced_batches
         asks, occupancy_sum = _asked(figures)
-        asks -= window.asks
+        asks -= window.asks + self._start_up_asks - window.start_up_asks
         occupancy = (occupancy_sum - window.occupancy_sum) / asks if asks > 0 else None
         ahead = occupancy is None or occupancy >= LOOP_BOUND_OCCUPANCY
         loop_bound = can_trial and paced and waited_share < LOOP_BOUND_WAITED and ahead
