@@ -20,7 +20,12 @@ from helpers import os_threads, threads_left_since
 import minato
 from minato._loader import iterator as iterator_module
 from minato._loader.iterator import _SampleDataLoaderIter, _WholeBatchDataLoaderIter
-from minato._loader.whole_batches import MIN_WORKERS, SWITCH_AFTER, WholeBatchChoice
+from minato._loader.whole_batches import (
+    MIN_WORKERS,
+    SWITCH_AFTER,
+    WholeBatchChoice,
+    moved_few_and_short,
+)
 from minato._minato import Engine
 
 pytestmark = pytest.mark.timeout(240)
@@ -394,8 +399,8 @@ def test_the_batches_no_worker_started_at_the_hand_over_are_loaded_whole_with_th
     taken_back: list[int] = []
     switch = _SampleDataLoaderIter._switch_to_whole
 
-    def switch_and_release(self, loader) -> None:
-        switch(self, loader)
+    def switch_and_release(self, loader, *args) -> None:
+        switch(self, loader, *args)
         taken_back.append(len(self._withdrawn))
         dataset.release.set()
 
@@ -470,8 +475,8 @@ def test_the_whole_batches_pool_grows_on_from_where_the_single_samples_pool_was(
     read: list[bool] = []
     switch = _SampleDataLoaderIter._switch_to_whole
 
-    def switch_and_note(self, loader) -> None:
-        switch(self, loader)
+    def switch_and_note(self, loader, *args) -> None:
+        switch(self, loader, *args)
         read.append(self._whole_pool[3])
 
     monkeypatch.setattr(_SampleDataLoaderIter, "_switch_to_whole", switch_and_note)
@@ -489,3 +494,68 @@ def test_the_whole_batches_pool_grows_on_from_where_the_single_samples_pool_was(
     assert len(read) == 1 and len(made) == 1
     assert made[0]["refining"] is read[0]
     assert made[0]["max_workers"] is not None
+
+
+class OneSlow(tud.Dataset):
+    """Samples of 2 ms (a batch of 64 takes a worker 128 ms), but for one
+    that takes `slow_s`."""
+
+    def __init__(self, size: int, slow: int, slow_s: float) -> None:
+        self.size, self.slow, self.slow_s = size, slow, slow_s
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int):
+        time.sleep(self.slow_s if index == self.slow else 0.002)
+        return index, torch.rand(())
+
+
+def _one_slow_epoch(slow_s: float) -> tuple[minato.DataLoader, object, list[int]]:
+    # 80 batches of 64, a fixed pool: the hand-over is asked for from the
+    # 8th batch on, 16 in flight; sample 200, in the 4th batch, is late
+    # past the 0.1 s floor of lateness.
+    dataset = OneSlow(80 * 64, slow=200, slow_s=slow_s)
+    loader = _loader(
+        dataset,
+        batch_size=64,
+        sampler=InOrderShuffle(len(dataset)),
+        shuffle=False,
+        worker_method="thread",
+        adaptive=False,
+    )
+    batches = iter(loader)
+    seen = [index for indices, _, _ in batches for index in indices.tolist()]
+    return loader, batches, seen
+
+
+def test_an_epoch_that_moved_a_sample_whole_batches_would_not_have_waited_on_hands_over() -> None:
+    # Late, but done within what a batch of whole samples may keep the loop
+    # waiting anyway (three batches' loading time): on cores that are taken,
+    # a thread kept off one moves its sample so.
+    loader, batches, seen = _one_slow_epoch(0.25)
+    assert sorted(seen) == list(range(80 * 64))
+    stats = loader.stats()
+    if stats.moved_samples != 1:
+        # Under load other samples ran late too, or the timeout rose past it.
+        return
+    assert _handed_over(batches)
+    assert "moved 1 sample, none that whole batches" in (stats.whole_batches_reason or "")
+
+
+def test_an_epoch_that_moved_a_sample_whole_batches_would_have_waited_on_stays() -> None:
+    loader, batches, seen = _one_slow_epoch(1.0)
+    assert sorted(seen) == list(range(80 * 64))
+    assert loader.stats().moved_samples >= 1
+    assert not _handed_over(batches)
+    assert loader.stats().whole_batches_reason is None
+
+
+def test_a_few_moved_samples_hand_over_only_when_done_and_short() -> None:
+    # Few: at most one in a thousand.
+    assert moved_few_and_short(1, 1024, 0, 0.2, 64, 0.002) is True
+    assert moved_few_and_short(2, 1024, 0, 0.2, 64, 0.002) is False
+    # Still loading: asked again.
+    assert moved_few_and_short(1, 1024, 1, None, 64, 0.002) is None
+    # As long as a stall: a whole batch would have kept the loop waiting.
+    assert moved_few_and_short(1, 1024, 0, 0.5, 64, 0.002) is False

@@ -30,6 +30,7 @@ from minato._loader.whole_batches import (
     SWITCH_AFTER_DELIVERED,
     SWITCH_ROUNDS_LEFT,
     EpochPace,
+    moved_few_and_short,
     stalls,
 )
 from minato._loader.workers import WorkerIds, worker_factory
@@ -972,8 +973,9 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         moved = self._recorder.snapshot().moved_samples - self._moved_before
         whole = self._whole_pace
         if self._handed_over:
-            # None moved before the hand-over; a sample the old engine moved
-            # as it emptied says nothing of whole batches. They are judged
+            # Few or none moved before the hand-over, none that whole batches
+            # would have waited on; a sample the old engine moved as it
+            # emptied says nothing of whole batches. They are judged
             # on as many batches as the single samples were, at least.
             if whole is not None and whole.batches >= self._handover_pace.batches:
                 choice.whole_epoch_ended(whole.batches, whole.spent)
@@ -1004,7 +1006,8 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
 
     def _consider_switch(self) -> None:
         """Hands the epoch over to whole batches once its first batches
-        moved no sample (see minato._loader.whole_batches), on worker
+        moved no sample, or a few that whole batches would not have waited
+        on (see minato._loader.whole_batches), on worker
         threads for good: the engine delivers the batches it has begun, a
         new one loads the batches after."""
         loader = self._loader()
@@ -1025,12 +1028,25 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             self._may_switch = False  # too near the epoch's end to gain
             return
         figures = self._recorder.snapshot()
-        if figures.moved_samples > self._moved_before:
-            self._may_switch = False  # this epoch stays on single samples
-            return
+        moved = figures.moved_samples - self._moved_before
+        if moved:
+            live = self._engine.stats()
+            few_and_short = moved_few_and_short(
+                moved,
+                epoch.next_tag,
+                live["moved_running"],
+                live["longest_moved"],
+                self._samples_per_batch,
+                figures.fetch_p50,
+            )
+            if few_and_short is None:
+                return  # a moved sample still loads: asked again next batch
+            if not few_and_short:
+                self._may_switch = False  # this epoch stays on single samples
+                return
         if figures.sample_timeout is None:
             return  # no sample could have been late yet
-        self._switch_to_whole(loader)
+        self._switch_to_whole(loader, moved)
 
     def _batches_left(self, epoch: EpochStream) -> float:
         """The epoch's batches not yet handed to the workers (infinite for a
@@ -1042,7 +1058,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         assert self._samples_per_batch
         return batches - epoch.next_tag / self._samples_per_batch
 
-    def _switch_to_whole(self, loader: DataLoader) -> None:
+    def _switch_to_whole(self, loader: DataLoader, moved: int = 0) -> None:
         """The old engine gets no more samples, gives back the batches no
         worker has started (they are loaded whole, first), and delivers the
         rest; then its threads go, and a pool of as many loads whole batches
@@ -1055,7 +1071,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         assert isinstance(old, SampleEngine)
         self._may_switch = False
         pace = self._handover_pace
-        loader._whole_batches.samples_part_ended(pace.batches, pace.spent)
+        loader._whole_batches.samples_part_ended(pace.batches, pace.spent, moved)
         # An adaptive pool goes on from its size now, a fixed one keeps its own;
         # and from where its growth was: past doubling, once a growth step
         # did not pay (doubling again from there took the new pool to twice

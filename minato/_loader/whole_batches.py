@@ -11,7 +11,9 @@ which whole batches in order load as well, each sample drawing the same
 random numbers (minato._task.seed). So, from `MIN_WORKERS` workers on, once
 an epoch's first batches on single samples moved none (`SWITCH_AFTER` of
 every worker's, counting those in flight, with enough of the epoch left),
-the rest of the epoch and the loader's next epochs load whole batches;
+or only a few that whole batches would not have waited on
+(`moved_few_and_short`), the rest of the epoch and the loader's next epochs
+load whole batches;
 where the training loop then waits on a batch as long as a late sample
 would have made it wait (`stalls`), or takes longer per batch
 (`EpochPace`) than it did on single samples, the loader's next epochs go
@@ -61,6 +63,34 @@ STALL_BATCH_TIMES = 3
 PACE_TOLERANCE = 0.15
 PACE_TOLERANCE_S = 0.0005
 
+# An epoch's first batches hand over having moved at most this share of
+# its samples, each of which, once done, took less than a stall (`stalls`):
+# on cores that are taken, a thread kept off one for a moment moves its
+# sample, where whole batches would have waited as long for it and no
+# longer, and an epoch that stayed on single samples for it ran well under
+# whole batches' rate (benchmarks/RESULTS.md, session 22). Samples that are
+# often, or very, slow keep it on single samples (hol.py's every fifth).
+MOVED_SHARE = 0.001
+
+
+def moved_few_and_short(
+    moved: int,
+    samples: int,
+    running: int,
+    longest: float | None,
+    batch_samples: int,
+    fetch_p50: float | None,
+) -> bool | None:
+    """Whether an epoch's `moved` samples of its first `samples` leave it
+    free to hand over to whole batches: few, none still loading (`running`),
+    and the longest task they moved out of under a stall; None while one
+    still loads (asked again later)."""
+    if moved > MOVED_SHARE * samples:
+        return False
+    if running:
+        return None
+    return longest is not None and not stalls(longest, batch_samples, fetch_p50)
+
 
 class WholeBatchChoice:
     """One loader's choice, kept across its epochs and iterators."""
@@ -97,14 +127,21 @@ class WholeBatchChoice:
             self.samples_pace = spent / batches
             self.reason = f"an epoch of {batches} batches moved no sample: whole batches, in order"
 
-    def samples_part_ended(self, batches: int, spent: float) -> None:
+    def samples_part_ended(self, batches: int, spent: float, moved: int = 0) -> None:
         """An epoch's first `batches` on single samples (past the settling
-        ones) moved no sample, the loop taking `spent` seconds over them:
-        the rest of the epoch loads whole batches."""
+        ones) moved no sample, or `moved` that whole batches would not have
+        waited on, the loop taking `spent` seconds over them: the rest of
+        the epoch loads whole batches."""
         self.earned = True
         self.samples_pace = spent / batches
+        what = (
+            "moved no sample"
+            if moved == 0
+            else f"moved {moved} sample{'s' if moved > 1 else ''}, none that whole batches "
+            "would have waited on"
+        )
         self.reason = (
-            f"{batches} batches of an epoch on single samples moved no sample: whole "
+            f"{batches} batches of an epoch on single samples {what}: whole "
             "batches, in order, from its next batch"
         )
 

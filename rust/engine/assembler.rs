@@ -227,6 +227,22 @@ impl<S> Assembler<S> {
         }
     }
 
+    /// Of task `task`'s samples, those that moved while it ran.
+    pub fn moved_of(&self, task: u64) -> usize {
+        match &self.picking {
+            Picking::Sequence(sequence) => sequence.moved_of(task),
+            Picking::Finish { .. } => 0,
+        }
+    }
+
+    /// Moved samples whose task has not finished yet.
+    pub fn moved_running(&self) -> usize {
+        match &self.picking {
+            Picking::Sequence(sequence) => sequence.moved_running(),
+            Picking::Finish { .. } => 0,
+        }
+    }
+
     /// When the next batch, held by a sample not yet late, should be
     /// looked at again.
     pub fn wake_in(&self) -> Option<Duration> {

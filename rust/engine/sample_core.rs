@@ -184,6 +184,9 @@ pub(crate) struct SampleCore<S, W: WorkerHooks> {
     /// The tasks' waits to enter the dataset's code (see `run_length`).
     pub gil_contention: GilContention,
     pub slow_samples: u64,
+    /// This epoch's longest task that a sample of moved out of, once done:
+    /// whether batches loaded whole would have kept the loop waiting on it.
+    pub longest_moved: Option<Duration>,
     /// Set when a worker or the collator panicked: the batches can no
     /// longer be completed.
     pub broken: Option<EngineError>,
@@ -222,6 +225,7 @@ where
             fetch_times,
             gil_contention: GilContention::default(),
             slow_samples: 0,
+            longest_moved: None,
             broken: None,
             handed_batches: 0,
             handed_samples: 0,
@@ -245,6 +249,9 @@ where
                 store_timeout(&self.shared_timeout, self.timeout.current());
                 if done.slow {
                     self.slow_samples += done.samples as u64;
+                }
+                if self.assembler.moved_of(done.seq) > 0 {
+                    self.longest_moved = self.longest_moved.max(Some(done.elapsed));
                 }
                 self.assembler.finished(done.seq, samples, done.slow);
             }
@@ -353,6 +360,7 @@ where
     /// Forgets the epoch's batches (the workers' epoch moved on first).
     pub fn clear_epoch(&mut self) {
         self.assembler.clear();
+        self.longest_moved = None;
         self.taken.clear();
         self.next_ordinal = 0;
         self.handed_batches = 0;

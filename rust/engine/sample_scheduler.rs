@@ -205,6 +205,8 @@ where
         EngineStats {
             slow_samples: core.slow_samples,
             moved_samples: core.moved_samples(),
+            moved_running: core.assembler.moved_running(),
+            longest_moved: core.longest_moved,
             sample_timeout: core.timeout.current(),
             ..core.workers.stats()
         }

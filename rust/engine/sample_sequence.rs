@@ -163,6 +163,16 @@ impl<S> SampleSequence<S> {
         self.moved
     }
 
+    /// Of task `task`'s samples, those that left their place while it ran.
+    pub fn moved_of(&self, task: u64) -> usize {
+        self.moved_tasks.get(&task).map_or(0, Vec::len)
+    }
+
+    /// Moved samples whose task has not finished yet.
+    pub fn moved_running(&self) -> usize {
+        self.moved_tasks.values().map(Vec::len).sum()
+    }
+
     /// When a batch blocked on a pending sample should be looked at again
     /// (that sample may be late by then); None when none is blocked.
     pub fn wake_in(&self) -> Option<Duration> {
@@ -284,7 +294,13 @@ mod tests {
         };
         assert_eq!(seq.take(2, late), Some(vec![1, 2]));
         assert_eq!(seq.moved(), 1);
+        // Still loading: the engine times its task when it finishes.
+        assert_eq!(
+            (seq.moved_running(), seq.moved_of(0), seq.moved_of(4)),
+            (1, 1, 0)
+        );
         seq.finished(0, [Some(0)]);
+        assert_eq!((seq.moved_running(), seq.moved_of(0)), (0, 0));
         seq.finished(4, [Some(4)]);
         assert_eq!(seq.take(2, never), Some(vec![0, 3]));
         seq.finished(5, [Some(5)]);

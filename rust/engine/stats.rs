@@ -37,6 +37,10 @@ pub struct EngineStats {
     /// Samples that left their batch while late, where batches keep the
     /// sampler's order.
     pub moved_samples: u64,
+    /// Of this epoch's moved samples, those still loading...
+    pub moved_running: usize,
+    /// ...and the longest task one moved out of, among those done.
+    pub longest_moved: Option<Duration>,
     pub sample_timeout: Option<Duration>,
     pub fetch_p50: Option<Duration>,
     pub fetch_p90: Option<Duration>,
