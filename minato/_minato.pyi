@@ -53,7 +53,6 @@ class Engine:
         round_robin: bool,
         shutdown_grace: float,
         max_workers: int | None = None,
-        refining: bool = False,
     ) -> Engine: ...
     @property
     def num_workers(self) -> int: ...

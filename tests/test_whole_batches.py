@@ -18,7 +18,6 @@ import torch.utils.data as tud
 from helpers import os_threads, threads_left_since
 
 import minato
-from minato._loader import iterator as iterator_module
 from minato._loader.iterator import _SampleDataLoaderIter, _WholeBatchDataLoaderIter
 from minato._loader.whole_batches import (
     MIN_WORKERS,
@@ -26,7 +25,6 @@ from minato._loader.whole_batches import (
     WholeBatchChoice,
     moved_few_and_short,
 )
-from minato._minato import Engine
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -438,62 +436,6 @@ def test_the_batches_no_worker_started_at_the_hand_over_are_loaded_whole_with_th
     seen = [index for indices, _, _ in got[:resume_after] for index in indices]
     seen += [index for indices in rest for index in indices]
     assert sorted(seen) == list(range(LONG_EPOCH))
-
-
-@pytest.mark.parametrize("refining", [False, True])
-def test_an_adaptive_engine_starts_its_growth_where_it_is_told(refining: bool) -> None:
-    # A pool past doubling (its controller found a growth step that did not
-    # pay) says so, and a pool taking over from it starts there.
-    engine = Engine(
-        lambda _worker: lambda _epoch, payload: payload,
-        object(),
-        num_workers=2,
-        max_in_flight=4,
-        in_order=True,
-        round_robin=False,
-        shutdown_grace=1.0,
-        max_workers=8,
-        refining=refining,
-    )
-    try:
-        # No task ran: no window can have changed the controller's state.
-        assert engine.stats()["growth_refining"] is refining
-    finally:
-        engine.shutdown(1.0)
-
-
-def test_the_whole_batches_pool_grows_on_from_where_the_single_samples_pool_was(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    made: list[dict] = []
-
-    def engine(*args, **kwargs):
-        made.append(kwargs)
-        return Engine(*args, **kwargs)
-
-    monkeypatch.setattr(iterator_module, "Engine", engine)
-    read: list[bool] = []
-    switch = _SampleDataLoaderIter._switch_to_whole
-
-    def switch_and_note(self, loader, *args) -> None:
-        switch(self, loader, *args)
-        read.append(self._whole_pool[3])
-
-    monkeypatch.setattr(_SampleDataLoaderIter, "_switch_to_whole", switch_and_note)
-    loader = _loader(Indexed(LONG_EPOCH), worker_method="thread")
-    batches = iter(loader)
-    for _ in batches:
-        pass
-    if not _handed_over(batches):
-        # Under load a sample ran late before the hand-over: the epoch rightly
-        # stayed on single samples.
-        assert loader.stats().moved_samples
-        return
-    # The growth the single samples' pool had reached goes to the pool
-    # after it (adaptive, as the loader's is).
-    assert len(read) == 1 and len(made) == 1
-    assert made[0]["refining"] is read[0]
-    assert made[0]["max_workers"] is not None
 
 
 class OneSlow(tud.Dataset):

@@ -1072,17 +1072,12 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         self._may_switch = False
         pace = self._handover_pace
         loader._whole_batches.samples_part_ended(pace.batches, pace.spent, moved)
-        # An adaptive pool goes on from its size now, a fixed one keeps its own;
-        # and from where its growth was: past doubling, once a growth step
-        # did not pay (doubling again from there took the new pool to twice
-        # the threads for seconds on cores that were taken).
+        # An adaptive pool goes on from its size now, a fixed one keeps its own.
         max_workers = self._max_workers(loader)
-        figures = old.stats()
-        workers = self._num_workers if max_workers is None else max(1, figures["workers"])
+        workers = self._num_workers if max_workers is None else max(1, old.stats()["workers"])
         # The old pool loads what it has and grows no more as it empties.
         old.fix_workers(workers)
-        refining = bool(figures.get("growth_refining"))
-        self._whole_pool = (workers, self._batches_in_flight(loader), max_workers, refining)
+        self._whole_pool = (workers, self._batches_in_flight(loader), max_workers)
         # Their samples stay handed out in the ledger until delivered.
         self._withdrawn = deque(old.withdraw_unstarted())
         self._run_positions: dict[int, list[int]] = {}
@@ -1111,7 +1106,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             processes.close()
         # What the old threads' samples freed goes back to the system.
         give_back_freed_memory_soon()
-        workers, in_flight, max_workers, refining = self._whole_pool
+        workers, in_flight, max_workers = self._whole_pool
         self._engine = Engine(
             self._worker_ids.fresh(worker_factory(self._spec, processes=None)),
             EXHAUSTED,
@@ -1121,7 +1116,6 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             in_order=True,
             round_robin=False,
             shutdown_grace=SHUTDOWN_GRACE_S,
-            refining=refining,
         )
         self._recorder.engine_started(self._engine)
         # Until every new worker delivered its first batch, the loop's pace is

@@ -13,9 +13,6 @@ use super::worker::PythonWorker;
 use crate::engine::{Dispatch, Engine, EngineConfig, EngineError, Order};
 
 /// Worker threads running `make_worker(id)(epoch, payload)` for each submitted payload.
-///
-/// With `max_workers`, the pool resizes itself; `refining`: its growth starts
-/// past doubling, as that of the pool it takes over from was.
 #[pyclass(name = "Engine", module = "minato._minato", frozen)]
 pub(crate) struct PyEngine {
     engine: Locked<Engine<PythonWorker>>,
@@ -26,7 +23,7 @@ pub(crate) struct PyEngine {
 impl PyEngine {
     #[new]
     #[allow(clippy::too_many_arguments)] // one per keyword argument
-    #[pyo3(signature = (make_worker, exhausted, *, num_workers, max_in_flight, in_order, round_robin, shutdown_grace, max_workers=None, refining=false))]
+    #[pyo3(signature = (make_worker, exhausted, *, num_workers, max_in_flight, in_order, round_robin, shutdown_grace, max_workers=None))]
     fn new(
         py: Python<'_>,
         make_worker: Py<PyAny>,
@@ -37,7 +34,6 @@ impl PyEngine {
         round_robin: bool,
         shutdown_grace: f64,
         max_workers: Option<usize>,
-        refining: bool,
     ) -> PyResult<Self> {
         let config = EngineConfig {
             num_workers,
@@ -53,7 +49,7 @@ impl PyEngine {
                 (true, false) => Dispatch::FairShare,
             },
             shutdown_grace: Duration::from_secs_f64(shutdown_grace.max(0.0)),
-            adaptive: stats::adaptive(num_workers, max_workers, refining),
+            adaptive: stats::adaptive(num_workers, max_workers),
         };
         let gil_wait = GilWait::default();
         let hooks = PythonWorker {

@@ -33,17 +33,9 @@ impl GilWait {
     }
 }
 
-/// The adaptive controller's bounds, or None for a fixed pool; `refining`:
-/// it starts past doubling (see `ControllerConfig::doubles`).
-pub(crate) fn adaptive(
-    num_workers: usize,
-    max_workers: Option<usize>,
-    refining: bool,
-) -> Option<ControllerConfig> {
-    max_workers.map(|max| ControllerConfig {
-        doubles: !refining,
-        ..ControllerConfig::new(1, max.max(num_workers))
-    })
+/// The adaptive controller's bounds, or None for a fixed pool.
+pub(crate) fn adaptive(num_workers: usize, max_workers: Option<usize>) -> Option<ControllerConfig> {
+    max_workers.map(|max| ControllerConfig::new(1, max.max(num_workers)))
 }
 
 fn seconds(duration: Option<Duration>) -> Option<f64> {
@@ -97,6 +89,5 @@ pub(crate) fn to_dict<'py>(
     dict.set_item("fetch_p50", seconds(stats.fetch_p50))?;
     dict.set_item("fetch_p90", seconds(stats.fetch_p90))?;
     dict.set_item("fetch_p99", seconds(stats.fetch_p99))?;
-    dict.set_item("growth_refining", stats.growth_refining)?;
     Ok(dict)
 }

@@ -101,12 +101,6 @@ pub struct ControllerConfig {
     /// Largest change per decision once refining (MinatoLoader's clip to
     /// ±2); until the first growth step that does not pay, the count doubles.
     pub max_step: usize,
-    /// Whether the pool starts by doubling. False for a pool that takes over
-    /// from one whose controller already found a growth step that did not
-    /// pay (an epoch handed over to whole batches part way): it starts
-    /// refining, as that one was, rather than doubling again past where
-    /// growth stopped paying.
-    pub doubles: bool,
     /// Occupancy below which the consumer is starving: grow.
     pub starving_below: f64,
     /// Occupancy above which data is well ahead of the consumer: shrink...
@@ -154,7 +148,6 @@ impl ControllerConfig {
             min_workers,
             max_workers: max_workers.max(min_workers),
             max_step: 2,
-            doubles: true,
             starving_below: 0.5,
             ahead_above: 0.9,
             shrink_headroom: 1.25,
@@ -275,7 +268,6 @@ pub struct Controller {
 impl Controller {
     pub fn new(config: ControllerConfig, workers: usize) -> Self {
         let workers = workers.clamp(config.min_workers, config.max_workers);
-        let doubling = config.doubles;
         Controller {
             ceiling_windows: config.ceiling_windows,
             config,
@@ -284,7 +276,7 @@ impl Controller {
             probe: None,
             ceiling: None,
             try_fewer: false,
-            doubling,
+            doubling: true,
             may_quadruple: true,
             linear_steps: 0,
             cpu: None,
@@ -295,12 +287,6 @@ impl Controller {
     /// The worker count decided so far.
     pub fn workers(&self) -> usize {
         self.workers
-    }
-
-    /// Whether growth is past its doubling phase: steps of at most
-    /// `max_step` (see [`ControllerConfig::doubles`]).
-    pub fn refining(&self) -> bool {
-        !self.doubling
     }
 
     /// Why the last call of [`Self::observe`] changed the worker count;
@@ -590,36 +576,6 @@ mod tests {
         let counts = settle(&mut controller, |n| 100.0 * n as f64, 10);
         assert_eq!(&counts[..4], &[4, 8, 32, 40], "{counts:?}");
         assert!(counts[4..].iter().all(|&n| n == 40), "{counts:?}");
-    }
-
-    #[test]
-    fn a_pool_that_takes_over_past_doubling_grows_a_step_at_a_time() {
-        // Linear up to 32 workers, flat after: the pool handed over from
-        // at 31 had found doubling past 32 does not pay.
-        let rate = |n: usize| 100.0 * n.min(32) as f64;
-        let config = ControllerConfig {
-            doubles: false,
-            ..ControllerConfig::new(1, 64)
-        };
-        let mut controller = Controller::new(config, 31);
-        assert!(controller.refining());
-        let counts = settle(&mut controller, rate, 6);
-        assert_eq!(
-            counts[0], 33,
-            "one step of max_step, not a doubling: {counts:?}"
-        );
-        let steps = std::iter::once(31).chain(counts.iter().copied());
-        assert!(
-            steps
-                .clone()
-                .zip(counts.iter())
-                .all(|(a, &b)| a.abs_diff(b) <= 2),
-            "{counts:?}"
-        );
-        // A fresh pool's controller doubles.
-        let mut fresh = Controller::new(ControllerConfig::new(1, 64), 31);
-        assert!(!fresh.refining());
-        assert_eq!(settle(&mut fresh, rate, 1), [62]);
     }
 
     #[test]

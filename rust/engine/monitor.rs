@@ -240,7 +240,6 @@ impl Adapter {
             busy_workers: Some(busy as f64 / elapsed.as_nanos().max(1) as f64),
         };
         let decided = self.controller.observe(window);
-        pool.set_growth_refining(self.controller.refining());
         if pool.is_fixed() {
             // The pool's size was fixed meanwhile: measure, never resize.
         } else if decided != pool.target() {
@@ -314,7 +313,6 @@ impl Monitor {
         }
         let mut adapter = adaptive.map(|controller| {
             let controller = Controller::new(controller, pool.target());
-            pool.set_growth_refining(controller.refining());
             Adapter::new(controller, signals, Mark::now(&pool).with_process_cpu())
         });
         let slow_samples = config.slow_samples;

@@ -189,9 +189,6 @@ pub(crate) struct PoolShared {
     /// Set when the pool's size is fixed while running (`Pool::fix_target`):
     /// the adaptive controller stops resizing it.
     pub fixed: AtomicBool,
-    /// Whether the adaptive controller's growth is past its doubling phase
-    /// (`Controller::refining`), for a pool that takes over from this one.
-    pub growth_refining: AtomicBool,
     /// The consumer's current epoch: workers skip tasks of older ones.
     pub epoch: AtomicU64,
     /// Samples of tasks run to completion (not cancelled), every epoch.
@@ -307,7 +304,6 @@ impl<W: WorkerHooks> Pool<W> {
             shared: Arc::new(PoolShared {
                 stop: AtomicBool::new(false),
                 fixed: AtomicBool::new(false),
-                growth_refining: AtomicBool::new(false),
                 epoch: AtomicU64::new(0),
                 samples_done: AtomicU64::new(0),
                 tasks_done: AtomicU64::new(0),
@@ -466,19 +462,6 @@ impl<W: WorkerHooks> Pool<W> {
     /// The adaptive controller's changes of the target, with why.
     pub fn resizes(&self) -> Vec<Resize> {
         self.shared.state().resizes.clone()
-    }
-
-    /// Records whether the adaptive controller's growth is past doubling.
-    pub fn set_growth_refining(&self, refining: bool) {
-        self.shared
-            .growth_refining
-            .store(refining, Ordering::Relaxed);
-    }
-
-    /// Whether the adaptive controller's growth is past doubling: a pool
-    /// taking over from this one starts there (`ControllerConfig::doubles`).
-    pub fn growth_refining(&self) -> bool {
-        self.shared.growth_refining.load(Ordering::Relaxed)
     }
 
     /// Fixes the pool at `target` workers for the rest of its life: the

@@ -45,9 +45,6 @@ pub struct EngineStats {
     pub fetch_p50: Option<Duration>,
     pub fetch_p90: Option<Duration>,
     pub fetch_p99: Option<Duration>,
-    /// Whether the adaptive controller's growth is past its doubling phase
-    /// (a growth step did not pay): what a pool taking over starts from.
-    pub growth_refining: bool,
 }
 
 impl EngineStats {

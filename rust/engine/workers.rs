@@ -174,7 +174,6 @@ impl<W: WorkerHooks> Workers<W> {
             occupancy: self.occupancy.mean(),
             asks: self.occupancy.asks(),
             loop_step: self.steps.mean(),
-            growth_refining: self.pool.growth_refining(),
             ..EngineStats::default()
         }
     }
