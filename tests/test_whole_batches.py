@@ -18,12 +18,14 @@ import torch.utils.data as tud
 from helpers import os_threads, threads_left_since
 
 import minato
+from minato._loader import iterator as iterator_module
 from minato._loader.iterator import _SampleDataLoaderIter, _WholeBatchDataLoaderIter
 from minato._loader.whole_batches import (
     MIN_WORKERS,
     SWITCH_AFTER,
     WholeBatchChoice,
     moved_few_and_short,
+    stalls,
 )
 
 pytestmark = pytest.mark.timeout(240)
@@ -439,8 +441,8 @@ def test_the_batches_no_worker_started_at_the_hand_over_are_loaded_whole_with_th
 
 
 class OneSlow(tud.Dataset):
-    """Samples of 2 ms (a batch of 64 takes a worker 128 ms), but for one
-    that takes `slow_s`."""
+    """Samples of 3 ms (a batch of 64 takes a worker 192 ms: a stall is
+    three times that), but for one that takes `slow_s`."""
 
     def __init__(self, size: int, slow: int, slow_s: float) -> None:
         self.size, self.slow, self.slow_s = size, slow, slow_s
@@ -449,7 +451,7 @@ class OneSlow(tud.Dataset):
         return self.size
 
     def __getitem__(self, index: int):
-        time.sleep(self.slow_s if index == self.slow else 0.002)
+        time.sleep(self.slow_s if index == self.slow else 0.003)
         return index, torch.rand(())
 
 
@@ -471,22 +473,36 @@ def _one_slow_epoch(slow_s: float) -> tuple[minato.DataLoader, object, list[int]
     return loader, batches, seen
 
 
-def test_an_epoch_that_moved_a_sample_whole_batches_would_not_have_waited_on_hands_over() -> None:
+def test_an_epoch_that_moved_a_sample_whole_batches_would_not_have_waited_on_hands_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Late, but done within what a batch of whole samples may keep the loop
     # waiting anyway (three batches' loading time): on cores that are taken,
     # a thread kept off one moves its sample so.
-    loader, batches, seen = _one_slow_epoch(0.25)
+    judged: list[tuple] = []
+
+    def judge(*args):
+        judged.append(args)
+        return moved_few_and_short(*args)
+
+    monkeypatch.setattr(iterator_module, "moved_few_and_short", judge)
+    loader, batches, seen = _one_slow_epoch(0.2)
     assert sorted(seen) == list(range(80 * 64))
     stats = loader.stats()
     if stats.moved_samples != 1:
         # Under load other samples ran late too, or the timeout rose past it.
+        return
+    _, _, running, longest, batch_samples, fetch_p50 = judged[-1]
+    if not running and stalls(longest, batch_samples, fetch_p50):
+        # Under load its thread was kept off a core for a stall's time.
+        assert not _handed_over(batches)
         return
     assert _handed_over(batches)
     assert "moved 1 sample, none that whole batches" in (stats.whole_batches_reason or "")
 
 
 def test_an_epoch_that_moved_a_sample_whole_batches_would_have_waited_on_stays() -> None:
-    loader, batches, seen = _one_slow_epoch(1.0)
+    loader, batches, seen = _one_slow_epoch(3.0)
     assert sorted(seen) == list(range(80 * 64))
     assert loader.stats().moved_samples >= 1
     assert not _handed_over(batches)
