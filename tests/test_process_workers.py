@@ -1304,45 +1304,30 @@ def test_a_loop_that_sets_the_pace_tries_processes_once_its_second_batch_shows_i
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A short epoch of GPU-like steps (10 batches): the wait for the workers'
-    # first batch is their start-up, not the loop waiting for data, and the
-    # trial's threads side is the loop's steps so far, not a second more of
-    # them slowed by the threads.
+    # first batch is their start-up, not the loop waiting for data, nor a
+    # short queue (one worker: that request found it empty, the next ones
+    # half full), and the trial's threads side is the loop's steps so far,
+    # not a second more of them slowed by the threads.
     clock, method, figures = _auto_on_a_clock(monkeypatch, fetch_p50=0.005)
     clock.now = 0.1
     method.batch_received(clock.now, 0.1)
     # Before a second batch the loop's pace is unknown.
-    assert method.observe(dict(figures, samples_loaded=16, busy=0.09, cpu=0.05)) is None
+    first = dict(figures, samples_loaded=16, busy=0.09, cpu=0.05, queue_asks=1)
+    assert method.observe(dict(first, queue_occupancy=0.0)) is None
     verdicts, batches = [], 1
     while not method.wants_processes and batches < 20:
         clock.now += 0.08
         batches += 1
         method.batch_received(clock.now, 0.002)
         figures = dict(figures, samples_loaded=16 * batches, busy=0.09 * batches)
-        verdicts.append(method.observe(dict(figures, cpu=0.05 * batches)))
+        # The engine's mean over every request, the first one's included.
+        queue = {"queue_asks": batches, "queue_occupancy": 0.5 * (batches - 1) / batches}
+        verdicts.append(method.observe(dict(figures, cpu=0.05 * batches, **queue)))
     assert verdicts == ["move"] and "sets the pace" in method.reason, method.reason
     assert not method.ready_for_processes()
     clock.now += 0.08
     method.batch_received(clock.now, 0.002)
     assert method.ready_for_processes()
-
-
-def test_the_loops_wait_for_the_workers_first_batch_is_not_a_short_queue(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # One worker: the loop's first request finds the queue empty (the
-    # workers' start-up), its second finds it half full. The mean of both
-    # read as a loop that batches do not pile up before; the second alone
-    # shows a loop that sets the pace, at its second batch.
-    clock, method, figures = _auto_on_a_clock(monkeypatch, fetch_p50=0.005)
-    clock.now = 0.1
-    method.batch_received(clock.now, 0.1)
-    figures = dict(figures, samples_loaded=16, busy=0.09, cpu=0.05)
-    assert method.observe(dict(figures, queue_asks=1, queue_occupancy=0.0)) is None
-    clock.now += 0.2
-    method.batch_received(clock.now, 0.002)
-    figures = dict(figures, samples_loaded=48, busy=0.27, cpu=0.15)
-    verdict = method.observe(dict(figures, queue_asks=2, queue_occupancy=0.25))
-    assert verdict == "move" and "sets the pace" in method.reason, method.reason
 
 
 def test_a_loop_that_sets_the_pace_goes_back_to_threads_unless_processes_gain(
