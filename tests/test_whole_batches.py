@@ -501,6 +501,44 @@ def test_an_epoch_that_moved_a_sample_whole_batches_would_not_have_waited_on_han
     assert "moved 1 sample, none that whole batches" in (stats.whole_batches_reason or "")
 
 
+def test_an_epoch_that_ran_to_its_end_having_moved_a_short_late_sample_earns_whole_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Too short to hand over part way (its last four batches of each
+    # worker's are given out by the time it may): the next epoch loads whole.
+    judged: list[tuple] = []
+
+    def judge(*args):
+        judged.append(args)
+        return moved_few_and_short(*args)
+
+    monkeypatch.setattr(iterator_module, "moved_few_and_short", judge)
+    dataset = OneSlow(40 * 64, slow=200, slow_s=0.2)
+    loader = _loader(
+        dataset,
+        batch_size=64,
+        sampler=InOrderShuffle(len(dataset)),
+        shuffle=False,
+        worker_method="thread",
+        adaptive=False,
+    )
+    first = iter(loader)
+    seen = [index for indices, _, _ in first for index in indices.tolist()]
+    assert sorted(seen) == list(range(40 * 64)) and not _handed_over(first)
+    if loader.stats().moved_samples != 1:
+        return  # under load other samples ran late too, or the timeout rose past it
+    second = iter(loader)
+    seen = [index for indices, _, _ in second for index in indices.tolist()]
+    assert sorted(seen) == list(range(40 * 64))
+    _, _, running, longest, batch_samples, fetch_p50 = judged[-1]
+    if running or stalls(longest, batch_samples, fetch_p50):
+        # Under load its thread was kept off a core for a stall's time.
+        assert isinstance(second, _SampleDataLoaderIter)
+        return
+    assert isinstance(second, _WholeBatchDataLoaderIter)
+    assert "moved 1 sample, none that whole batches" in (loader.stats().whole_batches_reason or "")
+
+
 def test_an_epoch_that_moved_a_sample_whole_batches_would_have_waited_on_stays() -> None:
     loader, batches, seen = _one_slow_epoch(3.0)
     assert sorted(seen) == list(range(80 * 64))
@@ -515,5 +553,9 @@ def test_a_few_moved_samples_hand_over_only_when_done_and_short() -> None:
     assert moved_few_and_short(2, 1024, 0, 0.2, 64, 0.002) is False
     # Still loading: asked again.
     assert moved_few_and_short(1, 1024, 1, None, 64, 0.002) is None
+    # An epoch that ran to its end so earns whole batches for the next.
+    choice = WholeBatchChoice()
+    choice.samples_epoch_ended(moved=1, batches=40, spent=0.4, few_and_short=True)
+    assert choice.earned and "moved 1 sample" in (choice.reason or "")
     # As long as a stall: a whole batch would have kept the loop waiting.
     assert moved_few_and_short(1, 1024, 0, 0.5, 64, 0.002) is False

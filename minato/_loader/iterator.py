@@ -980,7 +980,25 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             if whole is not None and whole.batches >= self._handover_pace.batches:
                 choice.whole_epoch_ended(whole.batches, whole.spent)
         else:
-            choice.samples_epoch_ended(moved, self._pace.batches, self._pace.spent)
+            few = bool(moved) and self._moved_few_and_short(moved) is True
+            choice.samples_epoch_ended(moved, self._pace.batches, self._pace.spent, few)
+
+    def _moved_few_and_short(self, moved: int) -> bool | None:
+        """Whether this epoch's `moved` samples are few, done, and each
+        done within a stall (see moved_few_and_short); None while one
+        still loads."""
+        epoch, engine = self._epoch, self._engine
+        if not isinstance(epoch, EpochStream) or engine is None or not self._samples_per_batch:
+            return False
+        live = engine.stats()
+        return moved_few_and_short(
+            moved,
+            epoch.next_tag,
+            live["moved_running"],
+            live["longest_moved"],
+            self._samples_per_batch,
+            self._recorder.snapshot().fetch_p50,
+        )
 
     def _report(self, samples: int, waited: float) -> None:
         super()._report(samples, waited)
@@ -1030,15 +1048,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         figures = self._recorder.snapshot()
         moved = figures.moved_samples - self._moved_before
         if moved:
-            live = self._engine.stats()
-            few_and_short = moved_few_and_short(
-                moved,
-                epoch.next_tag,
-                live["moved_running"],
-                live["longest_moved"],
-                self._samples_per_batch,
-                figures.fetch_p50,
-            )
+            few_and_short = self._moved_few_and_short(moved)
             if few_and_short is None:
                 return  # a moved sample still loads: asked again next batch
             if not few_and_short:

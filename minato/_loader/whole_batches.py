@@ -69,8 +69,15 @@ PACE_TOLERANCE_S = 0.0005
 # sample, where whole batches would have waited as long for it and no
 # longer, and an epoch that stayed on single samples for it ran well under
 # whole batches' rate (benchmarks/RESULTS.md, session 22). Samples that are
-# often, or very, slow keep it on single samples (hol.py's every fifth).
+# often, or very, slow keep it on single samples (hol.py's every fifth). So
+# does an epoch that ran to its end on single samples earn whole batches
+# for the next.
 MOVED_SHARE = 0.001
+
+
+def _moved_few(moved: int) -> str:
+    samples = "sample" if moved == 1 else "samples"
+    return f"moved {moved} {samples}, none that whole batches would have waited on"
 
 
 def moved_few_and_short(
@@ -117,15 +124,20 @@ class WholeBatchChoice:
     def wanted(self, loader: Any) -> bool:
         return self.earned and not self.lost and self.eligible(loader)
 
-    def samples_epoch_ended(self, moved: int, batches: int, spent: float) -> None:
-        """An epoch on single samples ran to its end; the loop took `spent`
-        seconds over its `batches` (see EpochPace)."""
+    def samples_epoch_ended(
+        self, moved: int, batches: int, spent: float, few_and_short: bool = False
+    ) -> None:
+        """An epoch on single samples ran to its end, having moved `moved`
+        samples (`few_and_short`: none that whole batches would have waited
+        on, see moved_few_and_short); the loop took `spent` seconds over its
+        `batches` (see EpochPace)."""
         if self.lost or batches == 0:
             return
-        self.earned = moved == 0
+        self.earned = moved == 0 or few_and_short
         if self.earned:
             self.samples_pace = spent / batches
-            self.reason = f"an epoch of {batches} batches moved no sample: whole batches, in order"
+            what = "moved no sample" if moved == 0 else _moved_few(moved)
+            self.reason = f"an epoch of {batches} batches {what}: whole batches, in order"
 
     def samples_part_ended(self, batches: int, spent: float, moved: int = 0) -> None:
         """An epoch's first `batches` on single samples (past the settling
@@ -134,12 +146,7 @@ class WholeBatchChoice:
         the epoch loads whole batches."""
         self.earned = True
         self.samples_pace = spent / batches
-        what = (
-            "moved no sample"
-            if moved == 0
-            else f"moved {moved} sample{'s' if moved > 1 else ''}, none that whole batches "
-            "would have waited on"
-        )
+        what = "moved no sample" if moved == 0 else _moved_few(moved)
         self.reason = (
             f"{batches} batches of an epoch on single samples {what}: whole "
             "batches, in order, from its next batch"
