@@ -970,7 +970,8 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         if loader is None or not loader._whole_batches.eligible(loader):
             return
         choice = loader._whole_batches
-        moved = self._recorder.snapshot().moved_samples - self._moved_before
+        figures = self._recorder.snapshot()
+        moved = figures.moved_samples - self._moved_before
         whole = self._whole_pace
         if self._handed_over:
             # Few or none moved before the hand-over, none that whole batches
@@ -980,10 +981,10 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             if whole is not None and whole.batches >= self._handover_pace.batches:
                 choice.whole_epoch_ended(whole.batches, whole.spent)
         else:
-            few = bool(moved) and self._moved_few_and_short(moved) is True
+            few = bool(moved) and self._moved_few_and_short(moved, figures.fetch_p50) is True
             choice.samples_epoch_ended(moved, self._pace.batches, self._pace.spent, few)
 
-    def _moved_few_and_short(self, moved: int) -> bool | None:
+    def _moved_few_and_short(self, moved: int, fetch_p50: float | None) -> bool | None:
         """Whether this epoch's `moved` samples are few, done, and each
         done within a stall (see moved_few_and_short); None while one
         still loads."""
@@ -997,7 +998,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             live["moved_running"],
             live["longest_moved"],
             self._samples_per_batch,
-            self._recorder.snapshot().fetch_p50,
+            fetch_p50,
         )
 
     def _report(self, samples: int, waited: float) -> None:
@@ -1048,7 +1049,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         figures = self._recorder.snapshot()
         moved = figures.moved_samples - self._moved_before
         if moved:
-            few_and_short = self._moved_few_and_short(moved)
+            few_and_short = self._moved_few_and_short(moved, figures.fetch_p50)
             if few_and_short is None:
                 return  # a moved sample still loads: asked again next batch
             if not few_and_short:
