@@ -446,24 +446,27 @@ def test_the_batches_no_worker_started_at_the_hand_over_are_loaded_whole_with_th
 
 class OneSlow(tud.Dataset):
     """Samples of 3 ms (a batch of 64 takes a worker 192 ms: a stall is
-    three times that), but for one that takes `slow_s`."""
+    three times that), but for those in `slow` that take `slow_s`."""
 
-    def __init__(self, size: int, slow: int, slow_s: float) -> None:
+    def __init__(self, size: int, slow: range, slow_s: float) -> None:
         self.size, self.slow, self.slow_s = size, slow, slow_s
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, index: int):
-        time.sleep(self.slow_s if index == self.slow else 0.003)
+        time.sleep(self.slow_s if index in self.slow else 0.003)
         return index, torch.rand(())
 
 
-def _one_slow_loader(batches: int, slow_s: float) -> minato.DataLoader:
+def _one_slow_loader(
+    batches: int, slow_s: float, slow: range = range(200, 201)
+) -> minato.DataLoader:
     # Batches of 64, a fixed pool: the hand-over is asked for from the 8th
     # batch on, 16 in flight; sample 200, in the 4th batch, is late past the
-    # 0.1 s floor of lateness.
-    dataset = OneSlow(batches * 64, slow=200, slow_s=slow_s)
+    # 0.1 s floor of lateness (and those after it in `slow`, on other
+    # threads at the same time).
+    dataset = OneSlow(batches * 64, slow=slow, slow_s=slow_s)
     return _loader(
         dataset,
         batch_size=64,
@@ -542,6 +545,27 @@ def test_an_epoch_that_ran_to_its_end_having_moved_a_short_late_sample_earns_who
     assert "moved 1 sample, none that whole batches" in (loader.stats().whole_batches_reason or "")
 
 
+def test_samples_moved_together_by_one_stall_hand_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Three samples late at once, on three threads: on cores that are
+    # taken, one stall moves the samples of every thread it keeps off a
+    # core, where whole batches would have waited on it once.
+    judged = _judging(monkeypatch)
+    loader = _one_slow_loader(80, 0.2, slow=range(200, 203))
+    batches, seen = _an_epoch(loader)
+    assert sorted(seen) == list(range(80 * 64))
+    stats = loader.stats()
+    if stats.moved_samples != 3:
+        return  # under load other samples ran late too, or the timeout rose past them
+    assert judged and judged[-1][0] == 3
+    if not _last_found_few_and_short(judged):
+        # Under load a thread reached its slow sample after the others' ended.
+        assert not _handed_over(batches)
+        return
+    assert judged[-1][2] == 1  # one stall
+    assert _handed_over(batches)
+    assert "moved 3 samples, none that whole batches" in (stats.whole_batches_reason or "")
+
+
 def test_an_epoch_that_moved_a_sample_whole_batches_would_have_waited_on_stays() -> None:
     loader, batches, seen = _one_slow_epoch(3.0)
     assert sorted(seen) == list(range(80 * 64))
@@ -551,14 +575,21 @@ def test_an_epoch_that_moved_a_sample_whole_batches_would_have_waited_on_stays()
 
 
 def test_a_few_moved_samples_hand_over_only_when_done_and_short() -> None:
-    # Few: at most one in a thousand.
-    assert moved_few_and_short(1, 1024, 0, 0.2, 64, 0.002) is True
-    assert moved_few_and_short(2, 1024, 0, 0.2, 64, 0.002) is False
+    # moved, of samples, in stalls, still loading, the longest stall,
+    # samples a batch, the median fetch time.
+    assert moved_few_and_short(1, 1024, 1, 0, 0.2, 64, 0.002) is True
+    # Several moved by one stall: whole batches would have waited once.
+    assert moved_few_and_short(10, 1024, 1, 0, 0.2, 64, 0.002) is True
+    # Few: at most one in a hundred...
+    assert moved_few_and_short(11, 1024, 1, 0, 0.2, 64, 0.002) is False
+    # ...in one stall for every thousand samples, one at least.
+    assert moved_few_and_short(2, 1024, 2, 0, 0.2, 64, 0.002) is False
+    assert moved_few_and_short(2, 2048, 2, 0, 0.2, 64, 0.002) is True
     # Still loading: asked again.
-    assert moved_few_and_short(1, 1024, 1, None, 64, 0.002) is None
+    assert moved_few_and_short(1, 1024, 0, 1, None, 64, 0.002) is None
     # An epoch that ran to its end so earns whole batches for the next.
     choice = WholeBatchChoice()
     choice.samples_epoch_ended(moved=1, batches=40, spent=0.4, few_and_short=True)
     assert choice.earned and "moved 1 sample" in (choice.reason or "")
     # As long as a stall: a whole batch would have kept the loop waiting.
-    assert moved_few_and_short(1, 1024, 0, 0.5, 64, 0.002) is False
+    assert moved_few_and_short(1, 1024, 1, 0, 0.5, 64, 0.002) is False

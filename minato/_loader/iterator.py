@@ -995,6 +995,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         return moved_few_and_short(
             moved,
             epoch.next_tag,
+            live["moved_stalls"],
             live["moved_running"],
             live["longest_moved"],
             self._samples_per_batch,

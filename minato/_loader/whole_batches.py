@@ -64,15 +64,18 @@ PACE_TOLERANCE = 0.15
 PACE_TOLERANCE_S = 0.0005
 
 # An epoch's first batches hand over having moved at most this share of
-# its samples, each of which, once done, took less than a stall (`stalls`):
-# on cores that are taken, a thread kept off one for a moment moves its
-# sample, where whole batches would have waited as long for it and no
-# longer, and an epoch that stayed on single samples for it ran well under
-# whole batches' rate (benchmarks/RESULTS.md, session 22). Samples that are
-# often, or very, slow keep it on single samples (hol.py's every fifth). So
-# does an epoch that ran to its end on single samples earn whole batches
-# for the next.
-MOVED_SHARE = 0.001
+# its samples, in at most this many separate stalls for each of its samples
+# (one at least: tasks that ran at overlapping times are one stall), each
+# of which, once done, lasted less than a stall (`stalls`): on cores that
+# are taken, threads kept off them for a moment move their samples, several
+# at once, where whole batches would have waited as long for them, once,
+# and no longer, and an epoch that stayed on single samples for it ran well
+# under whole batches' rate (benchmarks/RESULTS.md, sessions 22 and 23).
+# Samples that are often, or very, slow keep it on single samples (hol.py's
+# every fifth). So does an epoch that ran to its end on single samples earn
+# whole batches for the next.
+MOVED_SHARE = 0.01
+MOVED_STALLS_SHARE = 0.001
 
 
 def _moved_few(moved: int) -> str:
@@ -83,19 +86,23 @@ def _moved_few(moved: int) -> str:
 def moved_few_and_short(
     moved: int,
     samples: int,
+    moved_stalls: int,
     running: int,
     longest: float | None,
     batch_samples: int,
     fetch_p50: float | None,
 ) -> bool | None:
-    """Whether an epoch's `moved` samples of its first `samples` leave it
-    free to hand over to whole batches: few, none still loading (`running`),
-    and the longest task they moved out of under a stall; None while one
+    """Whether an epoch's `moved` samples of its first `samples`, moved in
+    `moved_stalls` separate stalls, leave it free to hand over to whole
+    batches: few, in few stalls, none still loading (`running`), and the
+    longest stall (`longest`) under what `stalls` calls one; None while one
     still loads (asked again later)."""
     if moved > MOVED_SHARE * samples:
         return False
     if running:
         return None
+    if moved_stalls > max(1.0, MOVED_STALLS_SHARE * samples):
+        return False
     return longest is not None and not stalls(longest, batch_samples, fetch_p50)
 
 

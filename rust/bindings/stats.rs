@@ -84,6 +84,7 @@ pub(crate) fn to_dict<'py>(
     dict.set_item("slow_samples", stats.slow_samples)?;
     dict.set_item("moved_samples", stats.moved_samples)?;
     dict.set_item("moved_running", stats.moved_running)?;
+    dict.set_item("moved_stalls", stats.moved_stalls)?;
     dict.set_item("longest_moved", seconds(stats.longest_moved))?;
     dict.set_item("sample_timeout", seconds(stats.sample_timeout))?;
     dict.set_item("fetch_p50", seconds(stats.fetch_p50))?;

@@ -18,6 +18,7 @@ mod gil_contention;
 mod lifecycle;
 mod look;
 mod monitor;
+mod moved_stalls;
 mod pool;
 mod sample_core;
 mod sample_ledger;

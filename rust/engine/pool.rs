@@ -776,6 +776,8 @@ fn worker_main<W: WorkerHooks>(
                 samples: task.samples,
                 elapsed: wall - paused,
                 paused,
+                started,
+                ended,
                 slow,
                 finished,
             };

@@ -14,6 +14,7 @@ use super::error::EngineError;
 use super::fetch_times::FetchTimes;
 use super::gil_contention::GilContention;
 use super::monitor::{store_timeout, SharedTimeout};
+use super::moved_stalls::MovedStalls;
 use super::pool::{Deliver, WorkerHooks};
 use super::sample_sequence::Lateness;
 use super::sample_timeout::TimeoutEstimator;
@@ -184,9 +185,10 @@ pub(crate) struct SampleCore<S, W: WorkerHooks> {
     /// The tasks' waits to enter the dataset's code (see `run_length`).
     pub gil_contention: GilContention,
     pub slow_samples: u64,
-    /// This epoch's longest task that a sample of moved out of, once done:
-    /// whether batches loaded whole would have kept the loop waiting on it.
-    pub longest_moved: Option<Duration>,
+    /// When this epoch's tasks that samples moved out of ran, once done:
+    /// how often, and how long, batches loaded whole would have kept the
+    /// loop waiting on them.
+    pub moved_stalls: MovedStalls,
     /// Set when a worker or the collator panicked: the batches can no
     /// longer be completed.
     pub broken: Option<EngineError>,
@@ -225,7 +227,7 @@ where
             fetch_times,
             gil_contention: GilContention::default(),
             slow_samples: 0,
-            longest_moved: None,
+            moved_stalls: MovedStalls::default(),
             broken: None,
             handed_batches: 0,
             handed_samples: 0,
@@ -251,7 +253,7 @@ where
                     self.slow_samples += done.samples as u64;
                 }
                 if self.assembler.moved_of(done.seq) > 0 {
-                    self.longest_moved = self.longest_moved.max(Some(done.elapsed));
+                    self.moved_stalls.add(done.started, done.ended);
                 }
                 self.assembler.finished(done.seq, samples, done.slow);
             }
@@ -360,7 +362,7 @@ where
     /// Forgets the epoch's batches (the workers' epoch moved on first).
     pub fn clear_epoch(&mut self) {
         self.assembler.clear();
-        self.longest_moved = None;
+        self.moved_stalls.clear();
         self.taken.clear();
         self.next_ordinal = 0;
         self.handed_batches = 0;

@@ -206,7 +206,8 @@ where
             slow_samples: core.slow_samples,
             moved_samples: core.moved_samples(),
             moved_running: core.assembler.moved_running(),
-            longest_moved: core.longest_moved,
+            moved_stalls: core.moved_stalls.count(),
+            longest_moved: core.moved_stalls.longest(),
             sample_timeout: core.timeout.current(),
             ..core.workers.stats()
         }

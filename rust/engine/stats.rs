@@ -39,7 +39,10 @@ pub struct EngineStats {
     pub moved_samples: u64,
     /// Of this epoch's moved samples, those still loading...
     pub moved_running: usize,
-    /// ...and the longest task one moved out of, among those done.
+    /// ...and, among those done, the separate stretches of time their
+    /// tasks ran in (overlapping tasks are one stall)...
+    pub moved_stalls: usize,
+    /// ...and the longest of those stretches.
     pub longest_moved: Option<Duration>,
     pub sample_timeout: Option<Duration>,
     pub fetch_p50: Option<Duration>,

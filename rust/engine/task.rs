@@ -1,6 +1,6 @@
 //! The messages that travel between the consumer and the workers.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One unit of work handed to a worker.
 pub(crate) struct Task<P> {
@@ -49,6 +49,9 @@ pub(crate) struct Done<R> {
     /// Its pauses: for a Python worker, its wait for the GIL on entry (see
     /// `super::gil_contention`).
     pub paused: Duration,
+    /// When it started and ended, by the wall clock, pauses included.
+    pub started: Instant,
+    pub ended: Instant,
     /// Whether it ran past the slow-sample timeout and was flagged.
     pub slow: bool,
     pub finished: Finished<R>,
