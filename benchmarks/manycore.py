@@ -129,7 +129,13 @@ def measure(
         if handed_over_at is not None:
             path = f"single samples, then whole batches (handed over at batch {handed_over_at})"
         loading = f"{path}, {stats.moved_samples} moved"
-        last_run = (stats.worker_method, history[-1][1], stats.worker_method_reason or "", loading)
+        last_run = (
+            stats.worker_method,
+            history[-1][1],
+            stats.worker_method_reason or "",
+            loading,
+            stats.whole_batches_reason,
+        )
     del iterator, loader
     return samples / elapsed, cpu / max(samples, 1), takes / max(batches, 1)
 
@@ -240,6 +246,8 @@ def main() -> None:
                 gil += f"  {last_run[0]}, {last_run[1]} at the end, {last_run[3]}"
                 if last_run[2].startswith("auto"):
                     gil += f"\n      ({last_run[2]})"
+                if last_run[4]:
+                    gil += f"\n      (whole batches: {last_run[4]})"
             print(
                 f"  {name:44s} {rate:9,.0f}/s  {rate / ideal:5.2f} of ideal  "
                 f"{cpu * 1e6:6.1f} us CPU/sample{gil}"

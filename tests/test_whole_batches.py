@@ -223,6 +223,48 @@ def test_whole_batches_on_which_the_loop_takes_longer_per_batch_are_given_up() -
     assert choice.lost
 
 
+def test_whole_batches_are_judged_against_the_pool_where_its_start_left_samples_ready() -> None:
+    # The loop's first batches on single samples came at once (2 ms a
+    # batch), samples the pool had loaded ahead while the first batch
+    # waited for its last thread; the pool loaded a batch's samples every
+    # 6 ms: whole batches at 6 ms a batch keep up with it.
+    choice = WholeBatchChoice()
+    choice.samples_part_ended(batches=32, spent=32 * 0.002, loading_pace=0.006)
+    choice.whole_epoch_ended(batches=400, spent=400 * 0.006)
+    assert not choice.lost
+    # Where the loop sets the pace the pool reads faster: the loop's counts.
+    choice = WholeBatchChoice()
+    choice.samples_part_ended(batches=32, spent=32 * 0.006, loading_pace=0.002)
+    choice.whole_epoch_ended(batches=400, spent=400 * 0.006)
+    assert not choice.lost
+    choice.whole_epoch_ended(batches=400, spent=400 * 0.009)
+    assert choice.lost
+
+
+def test_a_hand_over_tells_the_choice_the_pools_loading_pace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    told: list[tuple] = []
+    samples_part_ended = WholeBatchChoice.samples_part_ended
+
+    def record(self, *args) -> None:
+        told.append(args)
+        samples_part_ended(self, *args)
+
+    monkeypatch.setattr(WholeBatchChoice, "samples_part_ended", record)
+    loader = _loader(Indexed(LONG_EPOCH), worker_method="thread")
+    batches = iter(loader)
+    seen = [index for indices, _, _ in batches for index in indices.tolist()]
+    assert sorted(seen) == list(range(LONG_EPOCH))
+    if not _handed_over(batches):
+        assert loader.stats().moved_samples  # under load a sample ran late
+        return
+    (batches_on_samples, spent, _moved, loading_pace) = told[-1]
+    assert batches_on_samples > 0 and spent > 0
+    # The pool's time per batch's samples since the loop's first batch.
+    assert loading_pace is not None and loading_pace > 0
+
+
 def test_an_epoch_that_moved_a_sample_earns_no_whole_batches() -> None:
     choice = WholeBatchChoice()
     choice.samples_epoch_ended(moved=1, batches=40, spent=0.4)

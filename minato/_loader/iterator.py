@@ -953,6 +953,8 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         # every worker's kept the epoch on single samples twice as long
         # (benchmarks/RESULTS.md, session 19).
         self._handover_pace = EpochPace(settling=0)
+        # When the loop's first batch came, and the samples loaded by then.
+        self._loaded_from: tuple[float, int] | None = None
         super()._reset(loader, first_iter)
         if self._method.processes:
             self._on_processes()
@@ -1014,6 +1016,8 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             return
         pace = self._handover_pace
         pace.add()
+        if pace.seen == 1:
+            self._loaded_from = (time.perf_counter(), self._engine.stats()["samples_loaded"])
         # The batches in flight count too: those begun are delivered on
         # single samples before whole batches start, a late one among them
         # moving as it would have; those not begun are loaded whole (see
@@ -1060,6 +1064,17 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             return  # no sample could have been late yet
         self._switch_to_whole(loader, moved)
 
+    def _loading_pace(self, engine: SampleEngine) -> float | None:
+        """The pool's time per batch's samples loaded since the loop's first
+        batch (see WholeBatchChoice.samples_part_ended)."""
+        if self._loaded_from is None or not self._samples_per_batch:
+            return None
+        since, loaded_then = self._loaded_from
+        loaded = engine.stats()["samples_loaded"] - loaded_then
+        if loaded <= 0:
+            return None
+        return (time.perf_counter() - since) * self._samples_per_batch / loaded
+
     def _batches_left(self, epoch: EpochStream) -> float:
         """The epoch's batches not yet handed to the workers (infinite for a
         sampler of no length)."""
@@ -1083,7 +1098,9 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         assert isinstance(old, SampleEngine)
         self._may_switch = False
         pace = self._handover_pace
-        loader._whole_batches.samples_part_ended(pace.batches, pace.spent, moved)
+        loader._whole_batches.samples_part_ended(
+            pace.batches, pace.spent, moved, self._loading_pace(old)
+        )
         # An adaptive pool goes on from its size now, a fixed one keeps its own.
         max_workers = self._max_workers(loader)
         workers = self._num_workers if max_workers is None else max(1, old.stats()["workers"])

@@ -146,13 +146,25 @@ class WholeBatchChoice:
             what = "moved no sample" if moved == 0 else _moved_few(moved)
             self.reason = f"an epoch of {batches} batches {what}: whole batches, in order"
 
-    def samples_part_ended(self, batches: int, spent: float, moved: int = 0) -> None:
+    def samples_part_ended(
+        self, batches: int, spent: float, moved: int = 0, loading_pace: float | None = None
+    ) -> None:
         """An epoch's first `batches` on single samples (past the settling
         ones) moved no sample, or `moved` that whole batches would not have
-        waited on, the loop taking `spent` seconds over them: the rest of
-        the epoch loads whole batches."""
+        waited on, the loop taking `spent` seconds over them and the pool
+        `loading_pace` seconds to load each batch's samples meanwhile: the
+        rest of the epoch loads whole batches.
+
+        Whole batches are then judged against the slower of the two paces.
+        The loop's pace alone reads fast where the pool's start left samples
+        ready: the first batch waits for the last thread to start while the
+        others load ahead, and the batches after it come at once (with many
+        workers on busy cores it read well under whole batches' steady pace,
+        which then lost them: benchmarks/RESULTS.md, session 23). The pool's
+        pace alone reads fast where the loop sets the pace and the pool fills
+        its queue."""
         self.earned = True
-        self.samples_pace = spent / batches
+        self.samples_pace = max(spent / batches, loading_pace or 0.0)
         what = "moved no sample" if moved == 0 else _moved_few(moved)
         self.reason = (
             f"{batches} batches of an epoch on single samples {what}: whole "
