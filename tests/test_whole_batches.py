@@ -11,6 +11,7 @@ import io
 import itertools
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -239,6 +240,22 @@ def test_whole_batches_are_judged_against_the_pool_where_its_start_left_samples_
     assert not choice.lost
     choice.whole_epoch_ended(batches=400, spent=400 * 0.009)
     assert choice.lost
+
+
+def test_the_pools_pace_counts_from_the_epochs_start_if_under_a_batch_since_the_first() -> None:
+    def pace(marks: list[tuple[float, int]]) -> float | None:
+        # 64 samples a batch; at the hand-over, 10 s in, 1,000 samples loaded.
+        iterator = types.SimpleNamespace(
+            _samples_per_batch=64, _loaded_marks=marks, _loaded_mark=lambda _engine: (10.0, 1000)
+        )
+        return _SampleDataLoaderIter._loading_pace(iterator, None)  # type: ignore[arg-type]
+
+    # From the loop's first batch (8 s in, 800 loaded): 200 samples in 2 s.
+    assert pace([(0.0, 0), (8.0, 800)]) == pytest.approx(2 * 64 / 200)
+    # Ten samples since the first batch, the batches after it taken from
+    # samples loaded before: from the epoch's start, 1,000 in 10 s.
+    assert pace([(0.0, 0), (9.0, 990)]) == pytest.approx(10 * 64 / 1000)
+    assert pace([]) is None
 
 
 def test_a_hand_over_tells_the_choice_the_pools_loading_pace(

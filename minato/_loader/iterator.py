@@ -953,9 +953,12 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         # every worker's kept the epoch on single samples twice as long
         # (benchmarks/RESULTS.md, session 19).
         self._handover_pace = EpochPace(settling=0)
-        # When the loop's first batch came, and the samples loaded by then.
-        self._loaded_from: tuple[float, int] | None = None
         super()._reset(loader, first_iter)
+        # When the epoch began and its first batch came, and the samples the
+        # pool had loaded by then (see `_loading_pace`).
+        self._loaded_marks: list[tuple[float, int]] = []
+        if self._may_switch and isinstance(self._engine, SampleEngine):
+            self._loaded_marks.append(self._loaded_mark(self._engine))
         if self._method.processes:
             self._on_processes()
 
@@ -1016,8 +1019,8 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             return
         pace = self._handover_pace
         pace.add()
-        if pace.seen == 1:
-            self._loaded_from = (time.perf_counter(), self._engine.stats()["samples_loaded"])
+        if pace.seen == 1 and self._loaded_marks:
+            self._loaded_marks.append(self._loaded_mark(self._engine))
         # The batches in flight count too: those begun are delivered on
         # single samples before whole batches start, a late one among them
         # moving as it would have; those not begun are loaded whole (see
@@ -1064,16 +1067,23 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             return  # no sample could have been late yet
         self._switch_to_whole(loader, moved)
 
+    @staticmethod
+    def _loaded_mark(engine: SampleEngine) -> tuple[float, int]:
+        return time.perf_counter(), engine.stats()["samples_loaded"]
+
     def _loading_pace(self, engine: SampleEngine) -> float | None:
         """The pool's time per batch's samples loaded since the loop's first
-        batch (see WholeBatchChoice.samples_part_ended)."""
-        if self._loaded_from is None or not self._samples_per_batch:
+        batch (see WholeBatchChoice.samples_part_ended), or since the
+        epoch began where the pool loaded less than a batch since then (the
+        loop's first batches taken from samples loaded before them)."""
+        if not self._samples_per_batch:
             return None
-        since, loaded_then = self._loaded_from
-        loaded = engine.stats()["samples_loaded"] - loaded_then
-        if loaded <= 0:
-            return None
-        return (time.perf_counter() - since) * self._samples_per_batch / loaded
+        now, loaded_now = self._loaded_mark(engine)
+        for since, loaded_then in reversed(self._loaded_marks):
+            loaded = loaded_now - loaded_then
+            if loaded >= self._samples_per_batch:
+                return (now - since) * self._samples_per_batch / loaded
+        return None
 
     def _batches_left(self, epoch: EpochStream) -> float:
         """The epoch's batches not yet handed to the workers (infinite for a
