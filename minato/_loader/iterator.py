@@ -987,7 +987,9 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
                 choice.whole_epoch_ended(whole.batches, whole.spent)
         else:
             few = bool(moved) and self._moved_few_and_short(moved, figures.fetch_p50) is True
-            choice.samples_epoch_ended(moved, self._pace.batches, self._pace.spent, few)
+            engine = self._engine
+            loading = self._loading_pace(engine) if isinstance(engine, SampleEngine) else None
+            choice.samples_epoch_ended(moved, self._pace.batches, self._pace.spent, few, loading)
 
     def _moved_few_and_short(self, moved: int, fetch_p50: float | None) -> bool | None:
         """Whether this epoch's `moved` samples are few, done, and each

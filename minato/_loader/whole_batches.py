@@ -132,17 +132,24 @@ class WholeBatchChoice:
         return self.earned and not self.lost and self.eligible(loader)
 
     def samples_epoch_ended(
-        self, moved: int, batches: int, spent: float, few_and_short: bool = False
+        self,
+        moved: int,
+        batches: int,
+        spent: float,
+        few_and_short: bool = False,
+        loading_pace: float | None = None,
     ) -> None:
         """An epoch on single samples ran to its end, having moved `moved`
         samples (`few_and_short`: none that whole batches would have waited
         on, see moved_few_and_short); the loop took `spent` seconds over its
-        `batches` (see EpochPace)."""
+        `batches` (see EpochPace), the pool `loading_pace` seconds to load
+        each batch's samples (judged as in `samples_part_ended`: a short
+        epoch's batches may all have been loaded ahead of the loop)."""
         if self.lost or batches == 0:
             return
         self.earned = moved == 0 or few_and_short
         if self.earned:
-            self.samples_pace = spent / batches
+            self.samples_pace = max(spent / batches, loading_pace or 0.0)
             what = "moved no sample" if moved == 0 else _moved_few(moved)
             self.reason = f"an epoch of {batches} batches {what}: whole batches, in order"
 
