@@ -260,9 +260,9 @@ def test_the_pools_pace_counts_from_the_epochs_start_if_under_a_batch_since_the_
     def pace(marks: list[tuple[float, int]]) -> float | None:
         # 64 samples a batch; at the hand-over, 10 s in, 1,000 samples loaded.
         iterator = types.SimpleNamespace(
-            _samples_per_batch=64, _loaded_marks=marks, _loaded_mark=lambda _engine: (10.0, 1000)
+            _samples_per_batch=64, _loaded_marks=marks, _loaded_mark=lambda _live: (10.0, 1000)
         )
-        return _SampleDataLoaderIter._loading_pace(iterator, None)  # type: ignore[arg-type]
+        return _SampleDataLoaderIter._loading_pace(iterator, {})  # type: ignore[arg-type]
 
     # From the loop's first batch (8 s in, 800 loaded): 200 samples in 2 s.
     assert pace([(0.0, 0), (8.0, 800)]) == pytest.approx(2 * 64 / 200)

@@ -958,7 +958,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         # pool had loaded by then (see `_loading_pace`).
         self._loaded_marks: list[tuple[float, int]] = []
         if self._may_switch and isinstance(self._engine, SampleEngine):
-            self._loaded_marks.append(self._loaded_mark(self._engine))
+            self._loaded_marks.append(self._loaded_mark(self._engine.stats()))
         if self._method.processes:
             self._on_processes()
 
@@ -988,7 +988,9 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         else:
             few = bool(moved) and self._moved_few_and_short(moved, figures.fetch_p50) is True
             engine = self._engine
-            loading = self._loading_pace(engine) if isinstance(engine, SampleEngine) else None
+            loading = (
+                self._loading_pace(engine.stats()) if isinstance(engine, SampleEngine) else None
+            )
             choice.samples_epoch_ended(moved, self._pace.batches, self._pace.spent, few, loading)
 
     def _moved_few_and_short(self, moved: int, fetch_p50: float | None) -> bool | None:
@@ -1022,7 +1024,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         pace = self._handover_pace
         pace.add()
         if pace.seen == 1 and self._loaded_marks:
-            self._loaded_marks.append(self._loaded_mark(self._engine))
+            self._loaded_marks.append(self._loaded_mark(self._engine.stats()))
         # The batches in flight count too: those begun are delivered on
         # single samples before whole batches start, a late one among them
         # moving as it would have; those not begun are loaded whole (see
@@ -1070,17 +1072,18 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         self._switch_to_whole(loader, moved)
 
     @staticmethod
-    def _loaded_mark(engine: SampleEngine) -> tuple[float, int]:
-        return time.perf_counter(), engine.stats()["samples_loaded"]
+    def _loaded_mark(live: dict[str, Any]) -> tuple[float, int]:
+        """Now, and the samples the pool had loaded by its figures `live`."""
+        return time.perf_counter(), live["samples_loaded"]
 
-    def _loading_pace(self, engine: SampleEngine) -> float | None:
+    def _loading_pace(self, live: dict[str, Any]) -> float | None:
         """The pool's time per batch's samples loaded since the loop's first
         batch (see WholeBatchChoice.samples_part_ended), or since the
         epoch began where the pool loaded less than a batch since then (the
         loop's first batches taken from samples loaded before them)."""
         if not self._samples_per_batch:
             return None
-        now, loaded_now = self._loaded_mark(engine)
+        now, loaded_now = self._loaded_mark(live)
         for since, loaded_then in reversed(self._loaded_marks):
             loaded = loaded_now - loaded_then
             if loaded >= self._samples_per_batch:
@@ -1110,12 +1113,13 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         assert isinstance(old, SampleEngine)
         self._may_switch = False
         pace = self._handover_pace
+        live = old.stats()
         loader._whole_batches.samples_part_ended(
-            pace.batches, pace.spent, moved, self._loading_pace(old)
+            pace.batches, pace.spent, moved, self._loading_pace(live)
         )
         # An adaptive pool goes on from its size now, a fixed one keeps its own.
         max_workers = self._max_workers(loader)
-        workers = self._num_workers if max_workers is None else max(1, old.stats()["workers"])
+        workers = self._num_workers if max_workers is None else max(1, live["workers"])
         # The old pool loads what it has and grows no more as it empties.
         old.fix_workers(workers)
         self._whole_pool = (workers, self._batches_in_flight(loader), max_workers)
