@@ -485,6 +485,45 @@ def test_auto_moves_a_gil_bound_dataset_to_processes() -> None:
     assert "GIL" in reason or "sets the pace" in reason, reason
 
 
+class FewPurePython(PurePython):
+    def __len__(self) -> int:
+        return 48
+
+
+def test_a_loop_that_sets_the_pace_moves_at_the_batch_that_shows_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A GPU-like loop (long steps, the GIL released) beside one worker
+    # thread: once auto decides that the loop sets the pace, the training
+    # thread waits for the workers' spec and the fork server (here as long
+    # as they take) and moves the workers there, so that the loop's next
+    # step does not run beside the threads too.
+    monkeypatch.setattr(_worker_method, "MOVE_WAIT_S", 60.0)
+    marks: list[tuple[str, int]] = []
+    decide, activate = WorkerMethod._decide, WorkerMethod.activate
+
+    def decided(self, processes, reason):
+        marks.append(("decide", self._batches_received))
+        return decide(self, processes, reason)
+
+    def activated(self, *args, **kwargs):
+        marks.append(("activate", self._batches_received))
+        return activate(self, *args, **kwargs)
+
+    monkeypatch.setattr(WorkerMethod, "_decide", decided)
+    monkeypatch.setattr(WorkerMethod, "activate", activated)
+    loader = minato.DataLoader(FewPurePython(), batch_size=4, num_workers=1)
+    seen = []
+    for batch in loader:
+        seen.extend(batch.tolist())
+        time.sleep(0.15)
+    assert seen == list(range(48))
+    reason = loader.stats().worker_method_reason or ""
+    assert "sets the pace" in reason, reason
+    (decided_at,) = [at for what, at in marks if what == "decide"]
+    assert ("activate", decided_at) in marks, marks
+
+
 class PurePythonHoldingALock(PurePython):
     """PurePython's samples, from a dataset no process can be sent: a lock
     cannot be pickled."""
@@ -1228,9 +1267,12 @@ def _loop_bound_run(
     gil_share: float = 0.0,
     occupancy: float | None = None,
     kind: type | None = None,
+    first_wait: float = 0.06,
 ) -> tuple[WorkerMethod, list]:
     """A loop (over a dataset of type `kind`) that receives a batch every 50
-    ms after waiting `waited` for it, its probes finding the GIL free (the
+    ms after waiting `waited` for it (the first one `first_wait`, the
+    workers' start-up: longer than a step, so that no single step shows the
+    loop's pace, see the next test), its probes finding the GIL free (the
     workers idle, as a full queue leaves them) or waiting `probe_delay`,
     then, if moved, a batch every `processes_interval`. Its workers wait for
     the GIL `gil_share` of their fetch time and spend `cpu_share` of the
@@ -1247,7 +1289,7 @@ def _loop_bound_run(
     verdicts = []
     for batch in range(1, 40):
         clock.now = batch * 0.05
-        verdicts.append(method.batch_received(clock.now, waited))
+        verdicts.append(method.batch_received(clock.now, first_wait if batch == 1 else waited))
         method.probe()
         busy = 0.09 * batch  # 5.6 ms a sample
         figures = dict(figures, samples_loaded=16 * batch, busy=busy, gil_wait=gil_share * busy)
@@ -1324,10 +1366,53 @@ def test_a_loop_that_sets_the_pace_tries_processes_once_its_second_batch_shows_i
         queue = {"queue_asks": batches, "queue_occupancy": 0.5 * (batches - 1) / batches}
         verdicts.append(method.observe(dict(figures, cpu=0.05 * batches, **queue)))
     assert verdicts == ["move"] and "sets the pace" in method.reason, method.reason
-    assert not method.ready_for_processes()
-    clock.now += 0.08
-    method.batch_received(clock.now, 0.002)
+    # Its steps so far are the trial's threads side: it moves now.
     assert method.ready_for_processes()
+
+
+@pytest.mark.parametrize("step", [0.2, 0.05])
+def test_a_loop_whose_first_step_outlasts_the_first_batch_tries_processes_at_once(
+    monkeypatch: pytest.MonkeyPatch, step: float
+) -> None:
+    # A GPU-like loop beside one worker thread (neighbour.py): its first
+    # step took longer than the workers' start-up and first batch together,
+    # and the next batch, loaded by a thread slowed beside it, kept it
+    # waiting a little. That step is the trial's threads side; the training
+    # thread may wait up to about one more for the move. A loop whose step
+    # is shorter than that first wait has shown nothing yet.
+    clock, method, figures = _auto_on_a_clock(monkeypatch, fetch_p50=0.005)
+    clock.now = 0.1
+    method.batch_received(clock.now, 0.1)
+    first = dict(figures, samples_loaded=16, busy=0.09, cpu=0.05, queue_asks=1)
+    assert method.observe(dict(first, queue_occupancy=0.0)) is None
+    clock.now += step + 0.01
+    method.batch_received(clock.now, 0.01)
+    second = dict(figures, samples_loaded=32, busy=0.18, cpu=0.1, queue_asks=2)
+    verdict = method.observe(dict(second, queue_occupancy=0.0))
+    if step < 0.1:
+        assert verdict is None and not method.wants_processes, method.reason
+        assert method.move_wait() == 0.0
+        return
+    assert verdict == "move" and method.wants_processes, method.reason
+    assert "sets the pace (its steps took 200 ms" in method.reason, method.reason
+    assert "first batch, 100 ms" in method.reason, method.reason
+    assert method.ready_for_processes()
+    assert method.move_wait() == pytest.approx(0.1)
+
+
+def test_a_loop_that_waits_for_data_after_a_long_first_step_does_not_set_the_pace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A long first step (a model's warm-up), then a wait for the next batch
+    # a third of the loop's time: the data sets the pace.
+    clock, method, figures = _auto_on_a_clock(monkeypatch, fetch_p50=0.005)
+    clock.now = 0.1
+    method.batch_received(clock.now, 0.1)
+    assert method.observe(dict(figures, samples_loaded=16, busy=0.09, cpu=0.05)) is None
+    clock.now += 0.3
+    method.batch_received(clock.now, 0.1)
+    verdict = method.observe(dict(figures, samples_loaded=32, busy=0.18, cpu=0.1))
+    assert verdict != "move" and not method.wants_processes, method.reason
 
 
 def test_a_loop_that_sets_the_pace_goes_back_to_threads_unless_processes_gain(

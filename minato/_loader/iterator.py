@@ -642,26 +642,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             self._trim_after = None
             give_back_freed_memory_soon()
         if method.wants_processes and not method.processes:
-            # The spec is pickled off this thread (ProcessWorkers.prepare).
-            modules = processes.prepared()
-            if modules is None:
-                if processes.unpicklable is not None:
-                    method.cannot_use_processes(processes.unpicklable)
-                    release_fork_server()
-                return
-            if fork_server_ready(modules) and method.ready_for_processes():
-                loader = self._loader()
-                in_flight = 0 if loader is None else self._batches_in_flight(loader)
-                # Only a loader whose workers move between tasks can go back.
-                method.activate(in_flight, trial=processes.per_task_switch)
-                self._on_processes()
-                # By then the threads' last tasks are done.
-                self._trim_after = now + TRIM_AFTER_MOVE_S
-            elif method.decided:
-                # Decided before this loader's first samples (an earlier
-                # loader's decision): the dataset's modules too. Asking again
-                # does nothing.
-                warm_up(modules)
+            self._move_when_ready(now)
             return
         if method.decided:
             if method.left_processes and now >= self._next_method_check:
@@ -692,6 +673,39 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         # grew to 4-12 threads at the start, its epoch 3-7 % slower than on
         # 2): the pool keeps the size processes will have, from now on.
         self._fix_pool()
+        wait = method.move_wait()
+        if verdict == "move" and wait > 0:
+            # A loop that sets the pace runs its next step beside the
+            # threads unless the workers move now: worth a wait for the
+            # spec's pickle, up to about such a step.
+            processes.wait_prepared(wait)
+            self._move_when_ready(now)
+
+    def _move_when_ready(self, now: float) -> None:
+        """Auto decided on processes: the workers hand their next tasks to
+        processes once the spec is pickled and the fork server ready."""
+        method, processes = self._method, self._processes
+        assert processes is not None
+        # The spec is pickled off this thread (ProcessWorkers.prepare).
+        modules = processes.prepared()
+        if modules is None:
+            if processes.unpicklable is not None:
+                method.cannot_use_processes(processes.unpicklable)
+                release_fork_server()
+            return
+        if fork_server_ready(modules) and method.ready_for_processes():
+            loader = self._loader()
+            in_flight = 0 if loader is None else self._batches_in_flight(loader)
+            # Only a loader whose workers move between tasks can go back.
+            method.activate(in_flight, trial=processes.per_task_switch)
+            self._on_processes()
+            # By then the threads' last tasks are done.
+            self._trim_after = now + TRIM_AFTER_MOVE_S
+        elif method.decided:
+            # Decided before this loader's first samples (an earlier
+            # loader's decision): the dataset's modules too. Asking again
+            # does nothing.
+            warm_up(modules)
 
     def _on_processes(self) -> None:
         """The workers now hand their tasks to processes: the pool stops

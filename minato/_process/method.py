@@ -22,7 +22,11 @@ do a training loop that keeps the workers ahead of it (it waited for data
 under ``LOOP_BOUND_WAITED`` of its time since its first batch, the
 workers' start-up left out, and found the ready queue at least
 ``LOOP_BOUND_OCCUPANCY`` full: a GPU-bound loop, whose speed is all that
-counts), as soon as its second batch shows it, and, after
+counts), as soon as its second batch shows it; or as soon as its first
+step does, where that step took longer than the wait for the workers'
+first batch, whatever the queue held (a thread beside the loop loads
+slower too). Then the training thread waits briefly for the fork server,
+so that its next step runs beside processes. And, after
 ``DECIDE_AFTER_S``, a loop GIL delay past half the bound. Where the loop
 sets the pace, the probe, taken as a batch arrives, finds the workers
 idle, as a full queue leaves them, while during the loop's step they run
@@ -190,6 +194,15 @@ TRIAL_MIN_BATCHES = 8
 # with a tenth, 0.83-0.93x with none (benchmarks/RESULTS.md).
 CLEAR_THREADS_MIN_S = 0.0
 CLEAR_THREADS_MIN_BATCHES = 2
+# ...and over one batch for a loop that sets the pace: its first step, which
+# ran beside the threads, is their side (see _try_for_the_loop). Such a loop
+# shows its pace before MIN_WINDOW_S where its steps took longer than its
+# wait for the workers' first batch (see `observe`).
+PACE_THREADS_MIN_BATCHES = 1
+# Once decided for such a loop, the training thread waits up to this long,
+# and at most one of its steps, for the spec's pickle and the fork server,
+# so that its next step does not run beside the threads too.
+MOVE_WAIT_S = 0.1
 # ...and processes keep the loader unless the loop ran this much slower on
 # them than on threads (they have been paid for: start-up, memory).
 TRIAL_TOLERANCE = 0.03
@@ -401,6 +414,8 @@ class WorkerMethod:
         self._start_up_asks = 0
         # The batches after those first ones, which show the loop's pace.
         self._paced_batches = 0
+        # The latest of those waits (see shows_pace in `observe`).
+        self._first_wait = 0.0
         self._gain_wanted = False
         # Whether the trial's thread side is short though a gain is wanted
         # (see _judge_loop).
@@ -446,6 +461,7 @@ class WorkerMethod:
         self._batches_received += 1
         if last is None:
             self._start_up += waited
+            self._first_wait = waited
             self._start_up_asks += int(waited > 0)
         else:
             self._waited += waited
@@ -499,9 +515,18 @@ class WorkerMethod:
         if self.requested != "auto" or self._inherited or self._on_threads.complete:
             return True
         clear = self.wants_processes and (not self._gain_wanted or self._short_threads_side)
-        return clear and self._on_threads.measured_for(
-            CLEAR_THREADS_MIN_S, CLEAR_THREADS_MIN_BATCHES
+        batches = (
+            PACE_THREADS_MIN_BATCHES if self._short_threads_side else CLEAR_THREADS_MIN_BATCHES
         )
+        return clear and self._on_threads.measured_for(CLEAR_THREADS_MIN_S, batches)
+
+    def move_wait(self) -> float:
+        """How long the training thread may wait for the workers to move at
+        once (see MOVE_WAIT_S): for a loop that sets the pace only."""
+        threads = self._on_threads
+        if not (self.wants_processes and self._short_threads_side and threads.intervals):
+            return 0.0
+        return min(MOVE_WAIT_S, threads.seconds / threads.intervals)
 
     def _window_of(self, figures: dict[str, float]) -> _Window:
         """A window starting now, from the engine's `figures` and the loop's
@@ -604,8 +629,24 @@ class WorkerMethod:
                     "too little for a worker process's round trip to pay",
                 )
             return None
+        # A loop's steps show it sets the pace, before MIN_WINDOW_S and
+        # whatever the queue held (a thread beside it loads slower too), where
+        # they took longer on average than its wait for the workers' first
+        # batch (their start-up and a batch's loading: more than they need
+        # for a batch after) and it waited for data under LOOP_BOUND_WAITED
+        # of its time since.
+        steps = self._paced_batches - window.paced_batches
+        step = (paced_for - (self._waited - window.waited)) / steps if steps else 0.0
+        shows_pace = (
+            can_trial
+            and waited_share < LOOP_BOUND_WAITED
+            and samples >= MIN_SAMPLES
+            and step >= self._first_wait > 0
+        )
         if self._threads_inherited:
-            return self._judge_loop(elapsed, samples, seen_for, loop_bound, judged, can_trial)
+            return self._judge_loop(
+                elapsed, samples, seen_for, loop_bound, judged, can_trial, shows_pace
+            )
         if elapsed >= CLEAR_WINDOW_S and samples >= MIN_SAMPLES:
             if share >= CLEAR_GIL_SHARE:
                 return self._decide(
@@ -620,6 +661,13 @@ class WorkerMethod:
             )
             if serial is not None:
                 return self._decide(True, serial)
+        if shows_pace:
+            return self._try_for_the_loop(
+                f"the training loop sets the pace (its steps took {step * 1e3:.0f} ms, "
+                f"longer than its wait for the first batch, {self._first_wait * 1e3:.0f} ms, "
+                f"and it waited for data {waited_share:.0%} of its time since), "
+                "and worker threads may slow it"
+            )
         if elapsed < MIN_WINDOW_S or samples < MIN_SAMPLES:
             leaning = share >= GIL_BOUND_SHARE / 2 or (
                 self._probes >= 2 and judged >= LOOP_DELAY_TRIAL_S
@@ -735,13 +783,16 @@ class WorkerMethod:
         loop_bound: bool,
         judged: float,
         can_trial: bool,
+        shows_pace: bool,
     ) -> str | None:
         """With threads decided for an earlier loader: only this loop's own
         signs count, and a trial must show processes faster."""
+        kept = "where an earlier loader of this dataset kept threads"
+        if shows_pace:
+            return self._try_for_the_loop(f"the training loop sets the pace, {kept}")
         if elapsed < MIN_WINDOW_S or samples < MIN_SAMPLES:
             return "warm" if loop_bound else None
         delayed = self._probes >= MIN_PROBES and judged >= LOOP_DELAY_TRIAL_S
-        kept = "where an earlier loader of this dataset kept threads"
         if loop_bound:
             return self._try_for_the_loop(f"the training loop sets the pace, {kept}")
         if can_trial and delayed:

@@ -451,9 +451,11 @@ class ProcessWorkers:
         self._modules: list[str] | None = None
         # Set once `prepare` began; then the modules the spec's pickle names
         # once it is pickled, or why it cannot be. (Not under `_lock`, which
-        # the pickling holds: the training thread never waits for it.)
+        # the pickling holds: the training thread waits for it only within
+        # a bound, see `wait_prepared`.)
         self._preparing = False
         self._prepared: list[str] | None = None
+        self._prepare_done = threading.Event()
         self.unpicklable: str | None = None
         self._processes: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
         self.closed = False
@@ -502,19 +504,35 @@ class ProcessWorkers:
         threading.Thread(target=self._prepare, name="minato worker spec", daemon=True).start()
 
     def _prepare(self) -> None:
-        why = self.check_picklable()
-        if why is not None:
-            self.unpicklable = why
-            return
-        modules = self.modules()
-        if _zygote_running():  # never forked from this thread
-            warm_up(modules)
-        self._prepared = modules
+        try:
+            why = self.check_picklable()
+            if why is not None:
+                self.unpicklable = why
+                return
+            modules = self.modules()
+            zygote = _the_zygote
+            if _zygote_running() and zygote is not None:  # never forked from this thread
+                warm_up(modules)
+                # Imported before this returns, so that `wait_prepared` finds
+                # the server ready for the workers too (a second request for
+                # them does nothing).
+                with contextlib.suppress(Exception):  # reported when a worker process starts
+                    zygote.preload(modules)
+            self._prepared = modules
+        finally:
+            self._prepare_done.set()
 
     def prepared(self) -> list[str] | None:
         """The modules the spec's pickle names, once `prepare` pickled it
         (None before, and where it cannot be: see `unpicklable`)."""
         self.prepare()
+        return self._prepared
+
+    def wait_prepared(self, timeout: float) -> list[str] | None:
+        """`prepared`, after waiting up to `timeout` seconds for the spec's
+        pickle and the server's imports."""
+        self.prepare()
+        self._prepare_done.wait(timeout)
         return self._prepared
 
     def adopt(self, process: WorkerProcess) -> None:

@@ -27,7 +27,8 @@
 //! finished. Workers that compute (on a CPU for most of their task
 //! time, by their threads' own clocks, or together for most of the cores'
 //! time) grow no further than the cores: more would share them, and the
-//! window's noise could still read as a gain.
+//! window's noise could still read as a gain; until the consumer's first
+//! step they leave its thread a core.
 //!
 //! A full ready queue shrinks the pool only down to the workers the
 //! consumer's pace keeps busy (Little's law: the mean count on a task over
@@ -263,6 +264,8 @@ pub struct Controller {
     cpu: Option<f64>,
     /// Why the last call of `observe` changed the count.
     reason: Option<ResizeReason>,
+    /// The consumer has taken a step (a window measured one).
+    stepped: bool,
 }
 
 impl Controller {
@@ -281,6 +284,7 @@ impl Controller {
             linear_steps: 0,
             cpu: None,
             reason: None,
+            stepped: false,
         }
     }
 
@@ -299,6 +303,7 @@ impl Controller {
     /// Takes one window's measurements; returns the worker count to use next.
     pub fn observe(&mut self, window: Window) -> usize {
         self.reason = None;
+        self.stepped |= window.step.is_some();
         self.occupancy = match (self.occupancy, window.occupancy) {
             (Some(average), Some(now)) => Some(0.5 * average + 0.5 * now),
             (average, now) => now.or(average),
@@ -425,7 +430,17 @@ impl Controller {
             if window.compute.is_some_and(|share| {
                 share >= config.compute_bound || share * demand >= config.cores_bound
             }) {
-                limit = limit.min(config.cores.max(self.workers));
+                // Until the consumer's first step, what its own thread needs
+                // is unknown, and no step's slowdown can judge a growth: the
+                // workers leave it a core (a training loop that computes,
+                // beside two threads on two cores, ran its first steps at up
+                // to twice their time alone).
+                let cores = if self.stepped {
+                    config.cores
+                } else {
+                    config.cores.saturating_sub(1).max(1)
+                };
+                limit = limit.min(cores.max(self.workers));
             }
             let cpu_saturated = self.cpu.is_some_and(|cpu| cpu >= config.cpu_saturated);
             // Starving while nothing finishes is the loop waiting on hung
@@ -827,24 +842,47 @@ mod tests {
             ..ControllerConfig::new(1, 64)
         };
         // Where every step pays in full: only the cores hold the pool back.
-        let settled = |start: usize, compute: f64, cpu: f64| {
+        let settled_by = |start: usize, compute: f64, cpu: f64, step: Option<f64>| {
             let mut controller = Controller::new(config.clone(), start);
             for _ in 0..12 {
                 let throughput = 100.0 * controller.workers() as f64;
                 controller.observe(Window {
                     compute: Some(compute),
+                    step,
                     ..window(throughput, 0.0, Some(cpu))
                 });
             }
             controller.workers()
         };
+        let settled = |start, compute, cpu| settled_by(start, compute, cpu, Some(0.001));
         assert_eq!(settled(1, 0.8, 0.5), 4);
+        // Before the consumer's first step, they leave its thread a core.
+        assert_eq!(settled_by(1, 0.8, 0.5, None), 3);
         // Four times as many threads as cores, each on a CPU a fifth of its
         // time (waiting for one the rest), keep the cores busy: no more.
         assert_eq!(settled(16, 0.2, 0.5), 16);
-        // Workers that mostly wait (I/O) grow past the cores.
+        // Workers that mostly wait (I/O) grow past the cores, stepped or not.
         let waiting = settled(1, 0.05, 0.2);
         assert!(waiting > 4, "{waiting}");
+        let waiting = settled_by(1, 0.05, 0.2, None);
+        assert!(waiting > 4, "{waiting}");
+    }
+
+    #[test]
+    fn a_single_core_leaves_computing_workers_one() {
+        let config = ControllerConfig {
+            cores: 1,
+            ..ControllerConfig::new(1, 64)
+        };
+        let mut controller = Controller::new(config, 1);
+        for _ in 0..6 {
+            let throughput = 100.0 * controller.workers() as f64;
+            controller.observe(Window {
+                compute: Some(0.9),
+                ..window(throughput, 0.0, Some(0.5))
+            });
+        }
+        assert_eq!(controller.workers(), 1);
     }
 
     #[test]
