@@ -2007,6 +2007,26 @@ def test_threads_a_trial_chose_hold_for_a_later_loader_without_another_trial(
     assert not later.wants_processes
 
 
+def test_threads_kept_by_a_loading_trial_are_tried_again_for_a_loop_that_sets_the_pace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A loop that waits for data (neighbour.py's data alone) tried processes
+    # as its workers compute, and they loaded no faster: threads. That says
+    # nothing of whether threads slow a later loop that sets the pace (a
+    # GPU-like step beside PIL threads): that loader is judged again.
+    first, verdicts = _loop_bound_run(
+        monkeypatch, waited=0.04, processes_interval=0.06, cpu_share=0.9, kind=_SomeDataset
+    )
+    assert verdicts[-1] == "revert" and "the workers compute" in first.reason
+    later = WorkerMethod("auto", _SomeDataset)
+    assert not later.decided and later.may_use_processes
+    assert "decided for an earlier loader of _SomeDataset" in later.reason
+    clock = _Clock(0.0)
+    _use_clock(monkeypatch, clock)
+    assert "move" in _run_loop(later, clock, waited=0.001)
+    assert later.wants_processes and "sets the pace" in later.reason
+
+
 def test_memory_freed_by_worker_threads_can_be_given_back() -> None:
     """After a move to processes the threads' freed heaps are returned
     (glibc's malloc_trim); elsewhere nothing happens, and nothing fails."""

@@ -315,8 +315,9 @@ _methods: weakref.WeakSet[WorkerMethod] = weakref.WeakSet()
 # dataset of that type (an evaluation loader, one re-created each epoch, a
 # Lightning re-instantiation) starts from it instead of from a thread phase.
 # Each entry: whether processes, why, and whether a trial measured the loop
-# on both (its verdict holds; a choice without one is judged again by a
-# later loader whose loop sets the pace).
+# on both (its verdict holds; a choice without one, or a trial that only
+# asked whether processes load faster for a loop that waited for data, is
+# judged again by a later loader whose loop sets the pace).
 _decided_for: weakref.WeakKeyDictionary[type, tuple[bool, str, bool]] = weakref.WeakKeyDictionary()
 
 
@@ -417,6 +418,10 @@ class WorkerMethod:
         # The latest of those waits (see shows_pace in `observe`).
         self._first_wait = 0.0
         self._gain_wanted = False
+        # Whether the trial asks only whether processes load faster (workers
+        # that compute, the loop waiting for data): threads it keeps do not
+        # say whether they would slow a loop that sets the pace.
+        self._loading_trial = False
         # Whether the trial's thread side is short though a gain is wanted
         # (see _judge_loop).
         self._short_threads_side = False
@@ -502,7 +507,7 @@ class WorkerMethod:
         self.left_processes = True
         self.reason = reason
         self._announce("back to worker threads")
-        self._remember(tried=True)
+        self._remember(tried=not self._loading_trial)
 
     def _remember(self, tried: bool = False) -> None:
         if self._kind is not None and not self._inherited:
@@ -717,7 +722,7 @@ class WorkerMethod:
         # (data-bound: the loader) runs faster on them. After the GIL's clear
         # signs, which move sooner (their trial measures threads for less).
         if compute >= COMPUTE_SHARE and can_trial:
-            self._gain_wanted = True
+            self._gain_wanted = self._loading_trial = True
             return self._decide(
                 True,
                 f"auto: the workers compute ({compute:.0%} of their fetch time on a CPU, "
