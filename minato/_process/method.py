@@ -36,7 +36,9 @@ program gets done, the loop's steps and waits together), is measured on
 threads first (for a loop that sets the pace, its steps so far), then on
 processes, and the loader keeps the faster, for good (those two trials
 keep processes only if the loop ran ``TRIAL_GAIN`` faster on them:
-otherwise the threads did not slow it). Processes that do not pay (a loop
+otherwise the threads did not slow it; a threads side of a step or two,
+as noisy as a step, keeps them unless the loop ran ``SHORT_SIDE_TOLERANCE``
+slower on them). Processes that do not pay (a loop
 the GIL does not slow much, a dataset whose samples cost more to send than
 to make) go back to threads. Both signals well below their threshold for
 ``DECIDE_AFTER_S``, the loop waiting for data, keeps threads and ends the
@@ -220,6 +222,14 @@ LOOP_BOUND_WAITED = 0.1
 LOOP_BOUND_OCCUPANCY = 0.5
 # ...and keeps processes only if the loop ran this much faster on them.
 TRIAL_GAIN = 0.03
+# A threads side shorter than TRIAL_MIN_BATCHES (a loop that sets the pace
+# moves after a step or two, see PACE_THREADS_MIN_BATCHES) is as noisy as a
+# step: processes stay unless the loop ran this much slower on them. (One
+# step on threads read as fast as the step alone, and the loop then kept
+# threads for 100 batches at 1.2x its steps' time alone, where processes
+# read 11% slower over their second; a loop's steps beside torch's workers
+# varied by 0.86-1.17x their time alone.) Processes are what torch runs.
+SHORT_SIDE_TOLERANCE = 0.15
 
 
 class _Arm:
@@ -485,7 +495,12 @@ class WorkerMethod:
             return None
         self._on_processes = None
         threads, processes = self._on_threads.rate, trial.rate
-        margin = TRIAL_GAIN if self._gain_wanted else -TRIAL_TOLERANCE
+        if self._on_threads.intervals < TRIAL_MIN_BATCHES:
+            margin = -SHORT_SIDE_TOLERANCE
+        elif self._gain_wanted:
+            margin = TRIAL_GAIN
+        else:
+            margin = -TRIAL_TOLERANCE
         if processes >= threads * (1 + margin):
             self.reason = (
                 f"auto: worker processes, the training loop ran {processes:.1f} batches/s "
