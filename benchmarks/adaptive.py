@@ -201,8 +201,12 @@ def main() -> None:
                 print(f"    {resize}")
         plotted[name] = (times, counts, stats, best)
     if args.plot and plotted:
-        plot(plotted, args.plot)
-        print(f"\nplot: {args.plot}")
+        try:
+            plot(plotted, args.plot)
+        except ImportError:  # the figures above stand without it
+            print("\nno plot: matplotlib is not installed")
+        else:
+            print(f"\nplot: {args.plot}")
 
 
 if __name__ == "__main__":

@@ -1342,6 +1342,20 @@ def test_a_loop_that_never_waits_but_finds_the_queue_short_does_not_set_the_pace
     assert verdicts.count("move") == 1 and "sets the pace" in method.reason
 
 
+def _after_a_first_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[_Clock, WorkerMethod, dict[str, float]]:
+    """Auto on a clock, after the workers' first batch of 16 samples (5.6
+    ms each, on a CPU about half of it), which the loop waited 100 ms for,
+    finding the queue empty: the loop's pace is still unknown."""
+    clock, method, figures = _auto_on_a_clock(monkeypatch, fetch_p50=0.005)
+    clock.now = 0.1
+    method.batch_received(clock.now, 0.1)
+    first = dict(figures, samples_loaded=16, busy=0.09, cpu=0.05, queue_asks=1)
+    assert method.observe(dict(first, queue_occupancy=0.0)) is None
+    return clock, method, figures
+
+
 def test_a_loop_that_sets_the_pace_tries_processes_once_its_second_batch_shows_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1350,12 +1364,7 @@ def test_a_loop_that_sets_the_pace_tries_processes_once_its_second_batch_shows_i
     # short queue (one worker: that request found it empty, the next ones
     # half full), and the trial's threads side is the loop's steps so far,
     # not a second more of them slowed by the threads.
-    clock, method, figures = _auto_on_a_clock(monkeypatch, fetch_p50=0.005)
-    clock.now = 0.1
-    method.batch_received(clock.now, 0.1)
-    # Before a second batch the loop's pace is unknown.
-    first = dict(figures, samples_loaded=16, busy=0.09, cpu=0.05, queue_asks=1)
-    assert method.observe(dict(first, queue_occupancy=0.0)) is None
+    clock, method, figures = _after_a_first_batch(monkeypatch)
     verdicts, batches = [], 1
     while not method.wants_processes and batches < 20:
         clock.now += 0.08
@@ -1380,11 +1389,7 @@ def test_a_loop_whose_first_step_outlasts_the_first_batch_tries_processes_at_onc
     # waiting a little. That step is the trial's threads side; the training
     # thread may wait up to about one more for the move. A loop whose step
     # is shorter than that first wait has shown nothing yet.
-    clock, method, figures = _auto_on_a_clock(monkeypatch, fetch_p50=0.005)
-    clock.now = 0.1
-    method.batch_received(clock.now, 0.1)
-    first = dict(figures, samples_loaded=16, busy=0.09, cpu=0.05, queue_asks=1)
-    assert method.observe(dict(first, queue_occupancy=0.0)) is None
+    clock, method, figures = _after_a_first_batch(monkeypatch)
     clock.now += step + 0.01
     method.batch_received(clock.now, 0.01)
     second = dict(figures, samples_loaded=32, busy=0.18, cpu=0.1, queue_asks=2)
@@ -1405,10 +1410,7 @@ def test_a_loop_that_waits_for_data_after_a_long_first_step_does_not_set_the_pac
 ) -> None:
     # A long first step (a model's warm-up), then a wait for the next batch
     # a third of the loop's time: the data sets the pace.
-    clock, method, figures = _auto_on_a_clock(monkeypatch, fetch_p50=0.005)
-    clock.now = 0.1
-    method.batch_received(clock.now, 0.1)
-    assert method.observe(dict(figures, samples_loaded=16, busy=0.09, cpu=0.05)) is None
+    clock, method, figures = _after_a_first_batch(monkeypatch)
     clock.now += 0.3
     method.batch_received(clock.now, 0.1)
     verdict = method.observe(dict(figures, samples_loaded=32, busy=0.18, cpu=0.1))
@@ -1656,6 +1658,7 @@ def test_a_loader_back_on_threads_delivers_every_sample_once(
     # Processes judged slower whatever they do: the workers go back to
     # threads mid-epoch, each stopping its process after its last task.
     monkeypatch.setattr(_worker_method, "TRIAL_TOLERANCE", -100.0)
+    monkeypatch.setattr(_worker_method, "SHORT_SIDE_TOLERANCE", -100.0)
     monkeypatch.setattr(_worker_method, "TRIAL_GAIN", 100.0)
     monkeypatch.setattr(_worker_method, "TRIAL_MIN_S", 0.05)
     loader = minato.DataLoader(PurePython(), batch_size=8, shuffle=True, num_workers=2)
