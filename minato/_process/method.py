@@ -224,11 +224,9 @@ LOOP_BOUND_OCCUPANCY = 0.5
 TRIAL_GAIN = 0.03
 # A threads side shorter than TRIAL_MIN_BATCHES (a loop that sets the pace
 # moves after a step or two, see PACE_THREADS_MIN_BATCHES) is as noisy as a
-# step: processes stay unless the loop ran this much slower on them. (One
-# step on threads read as fast as the step alone, and the loop then kept
-# threads for 100 batches at 1.2x its steps' time alone, where processes
-# read 11% slower over their second; a loop's steps beside torch's workers
-# varied by 0.86-1.17x their time alone.) Processes are what torch runs.
+# single step: processes, what torch runs, stay unless the loop ran this much
+# slower on them (a lucky step on threads otherwise kept a loop on threads
+# for good: benchmarks/RESULTS.md, session 24).
 SHORT_SIDE_TOLERANCE = 0.15
 
 

@@ -432,9 +432,9 @@ impl Controller {
             }) {
                 // Until the consumer's first step, what its own thread needs
                 // is unknown, and no step's slowdown can judge a growth: the
-                // workers leave it a core (a training loop that computes,
-                // beside two threads on two cores, ran its first steps at up
-                // to twice their time alone).
+                // workers leave it a core (a training loop that computes ran
+                // its first steps far over their time alone beside computing
+                // threads on every core: benchmarks/RESULTS.md, session 24).
                 let cores = if self.stepped {
                     config.cores
                 } else {
