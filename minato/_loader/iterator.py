@@ -1000,21 +1000,22 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             if whole is not None and whole.batches >= self._handover_pace.batches:
                 choice.whole_epoch_ended(whole.batches, whole.spent)
         else:
-            few = bool(moved) and self._moved_few_and_short(moved, figures.fetch_p50) is True
             engine = self._engine
-            loading = (
-                self._loading_pace(engine.stats()) if isinstance(engine, SampleEngine) else None
-            )
+            # The engine's figures, read once for both judgements.
+            live = engine.stats() if isinstance(engine, SampleEngine) else None
+            few = bool(moved) and self._moved_few_and_short(moved, figures.fetch_p50, live) is True
+            loading = None if live is None else self._loading_pace(live)
             choice.samples_epoch_ended(moved, self._pace.batches, self._pace.spent, few, loading)
 
-    def _moved_few_and_short(self, moved: int, fetch_p50: float | None) -> bool | None:
+    def _moved_few_and_short(
+        self, moved: int, fetch_p50: float | None, live: dict[str, Any] | None
+    ) -> bool | None:
         """Whether this epoch's `moved` samples are few, done, and each
-        done within a stall (see moved_few_and_short); None while one
-        still loads."""
-        epoch, engine = self._epoch, self._engine
-        if not isinstance(epoch, EpochStream) or engine is None or not self._samples_per_batch:
+        done within a stall (see moved_few_and_short), by the sample
+        engine's figures `live`; None while one still loads."""
+        epoch = self._epoch
+        if not isinstance(epoch, EpochStream) or live is None or not self._samples_per_batch:
             return False
-        live = engine.stats()
         return moved_few_and_short(
             moved,
             epoch.next_tag,
@@ -1075,7 +1076,9 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         figures = self._recorder.snapshot()
         moved = figures.moved_samples - self._moved_before
         if moved:
-            few_and_short = self._moved_few_and_short(moved, figures.fetch_p50)
+            engine = self._engine
+            live = engine.stats() if isinstance(engine, SampleEngine) else None
+            few_and_short = self._moved_few_and_short(moved, figures.fetch_p50, live)
             if few_and_short is None:
                 return  # a moved sample still loads: asked again next batch
             if not few_and_short:
