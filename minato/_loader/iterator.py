@@ -612,7 +612,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
                 # Before the refill: where the workers move to processes now,
                 # the batch submitted next is theirs, not a thread's beside
                 # the training loop.
-                self._watch_method(waited)
+                self._watch_method(waited, samples)
             # Refill before handing the batch over, as torch does: after k
             # batches the sampler has been advanced exactly as far as torch's.
             self._submit_ready()
@@ -629,13 +629,13 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             # Pinned already, off this thread (minato._loader.collate_stage).
             return tags, data
 
-    def _watch_method(self, waited: float) -> None:
+    def _watch_method(self, waited: float, samples: int) -> None:
         """worker_method="auto": measures, decides, and moves the workers to
         processes once the fork server is up (see minato._process.method)."""
         method, processes = self._method, self._processes
         assert processes is not None
         now = time.perf_counter()
-        if method.batch_received(now, waited) == "revert":
+        if method.batch_received(now, waited, samples) == "revert":
             self._off_processes()
             return
         if self._trim_after is not None and now >= self._trim_after:

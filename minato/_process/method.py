@@ -232,19 +232,22 @@ SHORT_SIDE_TOLERANCE = 0.15
 
 class _Arm:
     """The loop's rate on one side of the trial: the intervals between the
-    batches it received, the first `skip` of them left out."""
+    batches it received (and their samples, where given), the first `skip`
+    of them left out."""
 
     def __init__(self, skip: int = 0) -> None:
         self.skip = skip
         self.intervals = 0
         self.seconds = 0.0
+        self.samples = 0
 
-    def add(self, interval: float) -> None:
+    def add(self, interval: float, samples: int = 0) -> None:
         if self.skip > 0:
             self.skip -= 1
             return
         self.intervals += 1
         self.seconds += interval
+        self.samples += samples
 
     @property
     def complete(self) -> bool:
@@ -433,6 +436,9 @@ class WorkerMethod:
         # Whether the trial's thread side is short though a gain is wanted
         # (see _judge_loop).
         self._short_threads_side = False
+        # The samples a second the threads loaded over the window that
+        # decided on a trial (see _threads_rate).
+        self._threads_loaded: float | None = None
 
     @staticmethod
     def any_may_use_processes() -> bool:
@@ -465,11 +471,11 @@ class WorkerMethod:
         """On processes, the trial not yet judged."""
         return self._on_processes is not None
 
-    def batch_received(self, now: float, waited: float = 0.0) -> str | None:
-        """The loop received a batch, after waiting `waited` seconds for it:
-        its rate is measured for the trial. Returns ``"revert"`` when the
-        trial finds processes slower than threads (the loader goes back to
-        threads for good), else None."""
+    def batch_received(self, now: float, waited: float = 0.0, samples: int = 0) -> str | None:
+        """The loop received a batch of `samples` (0: not counted), after
+        waiting `waited` seconds for it: its rate is measured for the trial.
+        Returns ``"revert"`` when the trial finds processes slower than
+        threads (the loader goes back to threads for good), else None."""
         last, self._last_batch = self._last_batch, now
         self._batches_received += 1
         if last is None:
@@ -483,7 +489,7 @@ class WorkerMethod:
             return None
         if not self.processes:
             if not self._on_threads.complete:
-                self._on_threads.add(now - last)
+                self._on_threads.add(now - last, samples)
             return None
         trial = self._on_processes
         if trial is None:
@@ -492,7 +498,7 @@ class WorkerMethod:
         if not trial.complete:
             return None
         self._on_processes = None
-        threads, processes = self._on_threads.rate, trial.rate
+        (threads, on_threads), processes = self._threads_rate(), trial.rate
         if self._on_threads.intervals < TRIAL_MIN_BATCHES:
             margin = -SHORT_SIDE_TOLERANCE
         elif self._gain_wanted:
@@ -502,7 +508,7 @@ class WorkerMethod:
         if processes >= threads * (1 + margin):
             self.reason = (
                 f"auto: worker processes, the training loop ran {processes:.1f} batches/s "
-                f"on them against {threads:.1f} on threads ({self._heuristic})"
+                f"on them against {threads:.1f} {on_threads} ({self._heuristic})"
             )
             self._announce("keeping worker processes")
             self._remember(tried=True)
@@ -512,6 +518,21 @@ class WorkerMethod:
             f"against {processes:.1f} on processes ({self._heuristic})"
         )
         return "revert"
+
+    def _threads_rate(self) -> tuple[float, str]:
+        """The loop's rate on threads, at most what their pool loaded while
+        undecided, and which it was. Batches the threads had loaded before
+        the loop asked for them (at start-up, with the loop waiting for data)
+        arrive at once: a side of two such batches read as a loop faster
+        than threads can feed. Not for a loop that sets the pace: its steps
+        are the rate."""
+        arm, loaded = self._on_threads, self._threads_loaded
+        if self._short_threads_side or loaded is None or arm.samples <= 0:
+            return arm.rate, "on threads"
+        fed = loaded * arm.intervals / arm.samples
+        if fed < arm.rate:
+            return fed, "as threads loaded them"
+        return arm.rate, "on threads"
 
     def _back_to_threads(self, reason: str) -> None:
         """The trial found processes slower: threads for good, and the fork
@@ -837,6 +858,9 @@ class WorkerMethod:
 
     def _decide(self, processes: bool, reason: str) -> str | None:
         self.decided = True
+        seen_for, seen_samples = self._seen
+        if processes and seen_for > 0 and seen_samples > 0:
+            self._threads_loaded = seen_samples / seen_for
         self._threads_inherited = False
         self.wants_processes = processes
         self.reason = reason
