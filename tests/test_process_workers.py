@@ -1445,6 +1445,25 @@ def test_a_loop_whose_first_step_outlasts_the_first_batch_tries_processes_at_onc
     assert method.move_wait() == pytest.approx(0.1)
 
 
+@pytest.mark.parametrize("busy", [0.18, 6.4])
+def test_a_first_step_beside_more_threads_at_work_than_cores_does_not_show_the_pace(
+    monkeypatch: pytest.MonkeyPatch, busy: float
+) -> None:
+    # 32 worker threads at work at once on 2 cores beside a loop that only
+    # takes its batches: its first step outlasted the first batch's wait,
+    # the cores and the GIL taken from it in turns. That step is no pace.
+    monkeypatch.setattr(_worker_method, "_cores", lambda: 2)
+    clock, method, figures = _after_a_first_batch(monkeypatch)
+    clock.now += 0.2
+    method.batch_received(clock.now, 0.0)
+    second = dict(figures, samples_loaded=32, busy=busy, cpu=0.1, queue_asks=2)
+    verdict = method.observe(dict(second, queue_occupancy=0.0))
+    if busy > 2 * 0.2:
+        assert verdict != "move" and not method.wants_processes, method.reason
+    else:
+        assert verdict == "move" and "sets the pace (its steps" in method.reason, method.reason
+
+
 def test_a_loop_that_waits_for_data_after_a_long_first_step_does_not_set_the_pace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -150,6 +150,15 @@ MIN_SAMPLES = 16
 MIN_PROBES = 6
 # ...or 2 probes when their mean is this many times the bound.
 CLEAR_DELAY_FACTOR = 4
+# A loop's first steps show that it sets the pace (`observe`'s early rule)
+# only beside at most this many worker threads at work at once per core.
+# More take the cores and the GIL from it in turns whatever it does: 32
+# threads sleeping a millisecond a sample, beside a loop that only takes
+# its batches, made its first step outlast its wait for the first batch, a
+# start-up many times its later steps; a trial on that step kept processes
+# that ran the epoch at half the threads' rate (benchmarks/RESULTS.md,
+# session 25). The later rules, over a longer window, judge such a loop.
+PACE_MAX_PARALLEL = 1.0
 # Samples cheaper than this stay on threads whatever the GIL does: a worker
 # process's round trip (pickling, two socket hops) would cost more than the
 # GIL contention it saves. Measured by the worker threads' own CPU clocks
@@ -676,11 +685,13 @@ class WorkerMethod:
         # of its time since.
         steps = self._paced_batches - window.paced_batches
         step = (paced_for - (self._waited - window.waited)) / steps if steps else 0.0
+        # (Not beside more threads at work than cores: see PACE_MAX_PARALLEL.)
         shows_pace = (
             can_trial
             and waited_share < LOOP_BOUND_WAITED
             and samples >= MIN_SAMPLES
             and step >= self._first_wait > 0
+            and busy <= PACE_MAX_PARALLEL * _cores() * elapsed
         )
         if self._threads_inherited:
             return self._judge_loop(
