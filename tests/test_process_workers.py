@@ -549,6 +549,46 @@ def test_auto_keeps_threads_for_a_gil_bound_dataset_that_cannot_be_pickled() -> 
     assert "cannot be pickled" in reason or "no core is spare" in reason, reason
 
 
+class SleepsForIo(tud.Dataset):
+    """Samples that wait 2 ms for I/O, the GIL released: a pool grows for them."""
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, index: int) -> int:
+        time.sleep(0.002)
+        return index
+
+
+def test_a_pool_fixed_while_auto_leaned_to_processes_resizes_again_once_it_keeps_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The first signs point to processes: the pool keeps num_workers (the
+    # size processes will have). Auto then keeps threads: the adaptive pool
+    # of a persistent loader grows again for its I/O, as it would have.
+    verdicts = iter(["warm"])
+
+    def observe(self, figures, can_trial=True):
+        if self.decided:
+            return None
+        verdict = next(verdicts, None)
+        if verdict is None:
+            self._decide(False, "auto: threads, by the test")
+        return verdict
+
+    monkeypatch.setattr(WorkerMethod, "observe", observe)
+    loader = minato.DataLoader(SleepsForIo(), batch_size=8, num_workers=2, persistent_workers=True)
+    grew = False
+    for _ in range(20):
+        assert sorted(indices(loader)) == list(range(256))
+        if any(size > 2 for _, size in loader.stats().worker_history):
+            grew = True
+            break
+    stats = loader.stats()
+    assert stats.worker_method == "thread", stats.worker_method_reason
+    assert grew, stats.worker_history
+
+
 def test_auto_pickles_the_workers_spec_off_the_training_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

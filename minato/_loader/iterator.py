@@ -358,6 +358,8 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         self._processes: ProcessWorkers | None = None
         self._method: WorkerMethod = loader._worker_method
         self._next_method_check = 0.0
+        # Whether `_fix_pool` fixed the engine's pool (see `_release_pool`).
+        self._pool_fixed = False
         # When the memory the worker threads freed is given back, after a move
         # to processes (see minato._util.memory).
         self._trim_after: float | None = None
@@ -637,6 +639,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         now = time.perf_counter()
         if method.batch_received(now, waited, samples) == "revert":
             self._off_processes()
+            self._release_pool()
             return
         if self._trim_after is not None and now >= self._trim_after:
             self._trim_after = None
@@ -660,6 +663,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             if method.decided and not method.wants_processes:
                 # Threads for good, before any worker process ran.
                 release_fork_server()
+                self._release_pool()
             return
         # The fork server first, from this thread: the dataset's large
         # arrays and lists go to worker processes as references to its
@@ -692,6 +696,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             if processes.unpicklable is not None:
                 method.cannot_use_processes(processes.unpicklable)
                 release_fork_server()
+                self._release_pool()
             return
         if fork_server_ready(modules) and method.ready_for_processes():
             loader = self._loader()
@@ -717,6 +722,20 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         if self._engine is None or loader is None or loader.max_workers is not None:
             return
         self._engine.fix_workers(self._num_workers)
+        self._pool_fixed = True
+
+    def _release_pool(self) -> None:
+        """Auto kept threads for good after `_fix_pool` (the signs pointed to
+        processes, or a trial ran on them): an adaptive pool resizes again.
+        A persistent loader's pool otherwise kept num_workers for its life:
+        an I/O dataset's epochs ran at torch's rate, a fraction of its grown
+        pool's (benchmarks/RESULTS.md, session 25)."""
+        loader = self._loader()
+        if not self._pool_fixed or self._engine is None or loader is None:
+            return
+        self._pool_fixed = False
+        if self._adaptive(loader):
+            self._engine.adapt_workers()
 
     def _off_processes(self) -> None:
         """The trial found processes slower: the workers run their next tasks

@@ -123,6 +123,11 @@ impl PyEngine {
             .quick(py, |engine| engine.fix_workers(workers))?)
     }
 
+    /// Lets the adaptive controller resize the pool again after `fix_workers`.
+    fn adapt_workers(&self, py: Python<'_>) -> PyResult<()> {
+        Ok(self.engine.quick(py, |engine| engine.adapt_workers())?)
+    }
+
     /// Ends the epoch: drops its queued work and waits for running tasks.
     fn new_epoch(&self, py: Python<'_>) -> PyResult<()> {
         self.engine.new_epoch(py)

@@ -472,7 +472,13 @@ impl<W: WorkerHooks> Pool<W> {
         self.set_target(target);
     }
 
-    /// Whether [`Self::fix_target`] was called.
+    /// Lets the adaptive controller resize the pool again after
+    /// [`Self::fix_target`] (the workers stayed threads after all).
+    pub fn release_target(&self) {
+        self.shared.fixed.store(false, Ordering::Release);
+    }
+
+    /// Whether [`Self::fix_target`] was called, and not released since.
     pub fn is_fixed(&self) -> bool {
         self.shared.fixed.load(Ordering::Acquire)
     }

@@ -184,6 +184,11 @@ where
         self.shared.lock().workers.fix_workers(workers);
     }
 
+    /// Lets the adaptive controller resize the pool again after `fix_workers`.
+    pub fn adapt_workers(&self) {
+        self.shared.lock().workers.adapt_workers();
+    }
+
     /// Worker threads running now, replacements included.
     pub fn num_workers(&self) -> usize {
         self.shared.lock().workers.live()

@@ -80,6 +80,11 @@ impl<W: WorkerHooks> Engine<W> {
         self.workers.fix_workers(workers);
     }
 
+    /// Lets the adaptive controller resize the pool again after `fix_workers`.
+    pub fn adapt_workers(&self) {
+        self.workers.adapt_workers();
+    }
+
     /// Worker threads running now.
     pub fn num_workers(&self) -> usize {
         self.workers.live()

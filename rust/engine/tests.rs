@@ -1322,6 +1322,28 @@ fn a_fixed_pool_is_no_longer_resized_by_the_controller() {
 }
 
 #[test]
+fn a_pool_fixed_then_released_is_resized_by_the_controller_again() {
+    let mut cfg = config(1, 2, Order::Completion, Dispatch::Shared);
+    cfg.adaptive = Some(ControllerConfig::new(1, 6));
+    let (mut engine, inside) = start(cfg);
+    // Fixed as auto leaned to processes, released as it kept threads: the
+    // same scaling work then grows the pool past the fixed size.
+    engine.fix_workers(1);
+    engine.adapt_workers();
+    let jobs: Vec<Job> = (0..600).map(|value| value_after(value, 2_000)).collect();
+    let mut values: Vec<u64> = run_all(&mut engine, &jobs)
+        .into_iter()
+        .map(|r| r.unwrap().1)
+        .collect();
+    values.sort_unstable();
+    assert_eq!(values, (0..600).collect::<Vec<_>>());
+    let history = pool_sizes(&engine.stats());
+    assert!(history.iter().any(|&size| size > 1), "{history:?}");
+    engine.shutdown(WAIT);
+    assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
+}
+
+#[test]
 fn a_round_robin_engine_keeps_its_size() {
     let mut cfg = config(2, 4, Order::Submission, Dispatch::RoundRobin);
     cfg.adaptive = Some(ControllerConfig::new(1, 8));

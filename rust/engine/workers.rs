@@ -127,6 +127,11 @@ impl<W: WorkerHooks> Workers<W> {
         self.pool.fix_target(workers);
     }
 
+    /// Lets the adaptive controller resize the pool again (see `Pool::release_target`).
+    pub fn adapt_workers(&self) {
+        self.pool.release_target();
+    }
+
     /// `bound`, given for the starting worker count, for the pool's size
     /// now; never below `bound`, so shrinking keeps the user's prefetch.
     pub fn scaled(&self, bound: usize) -> usize {
