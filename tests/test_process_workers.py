@@ -560,32 +560,47 @@ class SleepsForIo(tud.Dataset):
         return index
 
 
-def test_a_pool_fixed_while_auto_leaned_to_processes_resizes_again_once_it_keeps_threads(
-    monkeypatch: pytest.MonkeyPatch,
+class SleepsForIoHoldingALock(SleepsForIo):
+    """SleepsForIo's samples, from a dataset no process can be sent."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+
+@pytest.mark.parametrize("verdict", ["warm", "move"])
+def test_a_pool_grows_again_once_auto_keeps_threads(
+    monkeypatch: pytest.MonkeyPatch, verdict: str
 ) -> None:
-    # The first signs point to processes: the pool keeps num_workers (the
-    # size processes will have). Auto then keeps threads: the adaptive pool
-    # of a persistent loader grows again for its I/O, as it would have.
-    verdicts = iter(["warm"])
+    # The first signs lean to processes ("warm": the pool is left to grow),
+    # or auto decides on them ("move": the pool keeps num_workers, the size
+    # processes will have) and then finds that the dataset cannot be sent to
+    # one. Auto keeps threads: the adaptive pool of a persistent loader
+    # grows for its I/O, as it would have.
+    verdicts = iter([verdict])
 
     def observe(self, figures, can_trial=True):
         if self.decided:
             return None
-        verdict = next(verdicts, None)
-        if verdict is None:
+        first = next(verdicts, None)
+        if first == "move":
+            self._decide(True, "auto: processes, by the test")
+        elif first is None:
             self._decide(False, "auto: threads, by the test")
-        return verdict
+        return first
 
     monkeypatch.setattr(WorkerMethod, "observe", observe)
-    loader = minato.DataLoader(SleepsForIo(), batch_size=8, num_workers=2, persistent_workers=True)
+    dataset = SleepsForIo() if verdict == "warm" else SleepsForIoHoldingALock()
+    loader = minato.DataLoader(dataset, batch_size=8, num_workers=2, persistent_workers=True)
     grew = False
     for _ in range(20):
-        assert sorted(indices(loader)) == list(range(256))
+        assert indices(loader) == list(range(256))
         if any(size > 2 for _, size in loader.stats().worker_history):
             grew = True
             break
     stats = loader.stats()
     assert stats.worker_method == "thread", stats.worker_method_reason
+    if verdict == "move":
+        assert "cannot be pickled" in (stats.worker_method_reason or "")
     assert grew, stats.worker_history
 
 

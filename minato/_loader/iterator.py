@@ -672,11 +672,15 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         # found on a later batch (above).
         warm_up(dataset=processes.spec.dataset)
         processes.prepare()
-        # Where the signs point to processes, threads whose Python takes the
-        # GIL gain nothing from more of them (measured: a PIL pipeline's pool
-        # grew to 4-12 threads at the start, its epoch 3-7 % slower than on
-        # 2): the pool keeps the size processes will have, from now on.
-        self._fix_pool()
+        # Once auto decided on processes, threads whose Python takes the GIL
+        # gain nothing from more of them (a PIL pipeline's pool grew at the
+        # start, its epoch slower than on num_workers, benchmarks/RESULTS.md):
+        # the pool keeps the size processes will have, from now on. Not on a
+        # lean ("warm"): a borderline GIL delay leans for up to a second
+        # before threads are kept, and an I/O pool held at num_workers that
+        # long ran its first epochs at a fraction of its rate (session 25).
+        if verdict == "move":
+            self._fix_pool()
         wait = method.move_wait()
         if verdict == "move" and wait > 0:
             # A loop that sets the pace runs its next step beside the
