@@ -549,19 +549,8 @@ def test_auto_keeps_threads_for_a_gil_bound_dataset_that_cannot_be_pickled() -> 
     assert "cannot be pickled" in reason or "no core is spare" in reason, reason
 
 
-class SleepsForIo(tud.Dataset):
-    """Samples that wait 2 ms for I/O, the GIL released: a pool grows for them."""
-
-    def __len__(self) -> int:
-        return 256
-
-    def __getitem__(self, index: int) -> int:
-        time.sleep(0.002)
-        return index
-
-
-class SleepsForIoHoldingALock(SleepsForIo):
-    """SleepsForIo's samples, from a dataset no process can be sent."""
+class SleepsHoldingALock(Sleeps):
+    """Sleeps's samples, from a dataset no process can be sent."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -589,11 +578,11 @@ def test_a_pool_grows_again_once_auto_keeps_threads(
         return first
 
     monkeypatch.setattr(WorkerMethod, "observe", observe)
-    dataset = SleepsForIo() if verdict == "warm" else SleepsForIoHoldingALock()
+    dataset = Sleeps() if verdict == "warm" else SleepsHoldingALock()
     loader = minato.DataLoader(dataset, batch_size=8, num_workers=2, persistent_workers=True)
     grew = False
-    for _ in range(20):
-        assert indices(loader) == list(range(256))
+    for _ in range(5):
+        assert indices(loader) == list(range(4000))
         if any(size > 2 for _, size in loader.stats().worker_history):
             grew = True
             break

@@ -1300,13 +1300,13 @@ fn an_adaptive_pool_is_not_judged_while_its_first_workers_start() {
     engine.shutdown(WAIT);
 }
 
-#[test]
-fn a_fixed_pool_is_no_longer_resized_by_the_controller() {
+/// The pool sizes of an adaptive engine (1 to 6 workers) that ran the
+/// scaling work that makes such a pool grow (test above), after `resized`.
+fn sizes_after_scaling_work(resized: impl FnOnce(&Engine<Hooks>)) -> Vec<usize> {
     let mut cfg = config(1, 2, Order::Completion, Dispatch::Shared);
     cfg.adaptive = Some(ControllerConfig::new(1, 6));
     let (mut engine, inside) = start(cfg);
-    // The same scaling work that makes an adaptive pool grow (test above).
-    engine.fix_workers(2);
+    resized(&engine);
     let jobs: Vec<Job> = (0..600).map(|value| value_after(value, 2_000)).collect();
     let mut values: Vec<u64> = run_all(&mut engine, &jobs)
         .into_iter()
@@ -1315,32 +1315,26 @@ fn a_fixed_pool_is_no_longer_resized_by_the_controller() {
     values.sort_unstable();
     assert_eq!(values, (0..600).collect::<Vec<_>>());
     let history = pool_sizes(&engine.stats());
-    assert_eq!(history, [1, 2]);
-    assert_eq!(engine.num_workers(), 2);
     engine.shutdown(WAIT);
     assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
+    history
+}
+
+#[test]
+fn a_fixed_pool_is_no_longer_resized_by_the_controller() {
+    let history = sizes_after_scaling_work(|engine| engine.fix_workers(2));
+    assert_eq!(history, [1, 2]);
 }
 
 #[test]
 fn a_pool_fixed_then_released_is_resized_by_the_controller_again() {
-    let mut cfg = config(1, 2, Order::Completion, Dispatch::Shared);
-    cfg.adaptive = Some(ControllerConfig::new(1, 6));
-    let (mut engine, inside) = start(cfg);
-    // Fixed as auto leaned to processes, released as it kept threads: the
-    // same scaling work then grows the pool past the fixed size.
-    engine.fix_workers(1);
-    engine.adapt_workers();
-    let jobs: Vec<Job> = (0..600).map(|value| value_after(value, 2_000)).collect();
-    let mut values: Vec<u64> = run_all(&mut engine, &jobs)
-        .into_iter()
-        .map(|r| r.unwrap().1)
-        .collect();
-    values.sort_unstable();
-    assert_eq!(values, (0..600).collect::<Vec<_>>());
-    let history = pool_sizes(&engine.stats());
+    // Fixed as auto decided on processes, released as it kept threads after
+    // all: the pool grows past the fixed size.
+    let history = sizes_after_scaling_work(|engine| {
+        engine.fix_workers(1);
+        engine.adapt_workers();
+    });
     assert!(history.iter().any(|&size| size > 1), "{history:?}");
-    engine.shutdown(WAIT);
-    assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
 }
 
 #[test]
