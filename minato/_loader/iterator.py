@@ -1023,9 +1023,8 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             if whole is not None and whole.batches >= self._handover_pace.batches:
                 choice.whole_epoch_ended(whole.batches, whole.spent)
         else:
-            engine = self._engine
             # The engine's figures, read once for both judgements.
-            live = engine.stats() if isinstance(engine, SampleEngine) else None
+            live = self._sample_engine_figures()
             few = bool(moved) and self._moved_few_and_short(moved, figures.fetch_p50, live) is True
             loading = None if live is None else self._loading_pace(live)
             choice.samples_epoch_ended(moved, self._pace.batches, self._pace.spent, few, loading)
@@ -1099,8 +1098,7 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         figures = self._recorder.snapshot()
         moved = figures.moved_samples - self._moved_before
         if moved:
-            engine = self._engine
-            live = engine.stats() if isinstance(engine, SampleEngine) else None
+            live = self._sample_engine_figures()
             few_and_short = self._moved_few_and_short(moved, figures.fetch_p50, live)
             if few_and_short is None:
                 return  # a moved sample still loads: asked again next batch
@@ -1110,6 +1108,11 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         if figures.sample_timeout is None:
             return  # no sample could have been late yet
         self._switch_to_whole(loader, moved)
+
+    def _sample_engine_figures(self) -> dict[str, Any] | None:
+        """The sample engine's figures now; None where none runs."""
+        engine = self._engine
+        return engine.stats() if isinstance(engine, SampleEngine) else None
 
     @staticmethod
     def _loaded_mark(live: dict[str, Any]) -> tuple[float, int]:
