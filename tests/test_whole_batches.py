@@ -26,6 +26,7 @@ from minato._loader.whole_batches import (
     SWITCH_AFTER,
     WholeBatchChoice,
     moved_few_and_short,
+    whole_pool_start,
 )
 
 pytestmark = pytest.mark.timeout(240)
@@ -666,3 +667,60 @@ def test_a_few_moved_samples_hand_over_only_when_done_and_short() -> None:
     assert choice.earned and "moved 1 sample" in (choice.reason or "")
     # As long as a stall: a whole batch would have kept the loop waiting.
     assert moved_few_and_short(1, 1024, 1, 0, 0.5, 64, 0.002) is False
+
+
+@pytest.mark.parametrize(
+    ("figures", "adaptive", "start"),
+    [
+        # A fixed pool keeps its size, whatever the sample pool did.
+        ({"workers": 12, "settled_workers": 12, "ramping": False}, False, (8, True)),
+        # A doubling still to be judged is not carried over...
+        ({"workers": 64, "settled_workers": 32, "ramping": True}, True, (32, True)),
+        # ...and growth refines where the sample pool's doubling did not pay.
+        ({"workers": 35, "settled_workers": 34, "ramping": False}, True, (34, False)),
+        # No window judged yet: the pool's size, ramping.
+        ({"workers": 8, "settled_workers": None, "ramping": None}, True, (8, True)),
+    ],
+)
+def test_a_pool_of_whole_batches_starts_from_what_the_sample_pool_stands_by(
+    figures: dict, adaptive: bool, start: tuple[int, bool]
+) -> None:
+    assert whole_pool_start(figures, 8, adaptive) == start
+
+
+def test_the_hand_over_starts_whole_batches_where_the_sample_pools_controller_stood(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    figures_seen: list[dict] = []
+    chosen: list[tuple[int, bool]] = []
+    engines: list[dict] = []
+
+    def start_recorded(figures, num_workers, adaptive):
+        figures_seen.append(figures)
+        chosen.append(whole_pool_start(figures, num_workers, adaptive))
+        return chosen[-1]
+
+    engine = iterator_module.Engine
+
+    def engine_recorded(*args, **options):
+        engines.append(options)
+        return engine(*args, **options)
+
+    monkeypatch.setattr(iterator_module, "whole_pool_start", start_recorded)
+    monkeypatch.setattr(iterator_module, "Engine", engine_recorded)
+    loader = _loader(Indexed(LONG_EPOCH), worker_method="thread")
+    batches = iter(loader)
+    seen = [index for indices, _, _ in batches for index in indices.tolist()]
+    assert sorted(seen) == list(range(LONG_EPOCH))
+    if not _handed_over(batches):
+        # Under load a sample ran late before the hand-over: the epoch rightly
+        # stayed on single samples.
+        assert loader.stats().moved_samples
+        return
+    # The sample engine says what its controller stands by, and the pool of
+    # whole batches starts there.
+    (figures,) = figures_seen
+    assert {"settled_workers", "ramping"} <= figures.keys()
+    (whole,) = engines
+    assert (whole["num_workers"], whole["ramp"]) == chosen[0]
+    assert whole["max_workers"] == loader.effective_max_workers()

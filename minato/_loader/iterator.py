@@ -32,6 +32,7 @@ from minato._loader.whole_batches import (
     EpochPace,
     moved_few_and_short,
     stalls,
+    whole_pool_start,
 )
 from minato._loader.workers import WorkerIds, worker_factory
 from minato._minato import (
@@ -1160,12 +1161,11 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
         loader._whole_batches.samples_part_ended(
             pace.batches, pace.spent, moved, self._loading_pace(live)
         )
-        # An adaptive pool goes on from its size now, a fixed one keeps its own.
         max_workers = self._max_workers(loader)
-        workers = self._num_workers if max_workers is None else max(1, live["workers"])
+        workers, ramp = whole_pool_start(live, self._num_workers, max_workers is not None)
         # The old pool loads what it has and grows no more as it empties.
         old.fix_workers(workers)
-        self._whole_pool = (workers, self._batches_in_flight(loader), max_workers)
+        self._whole_pool = (workers, self._batches_in_flight(loader), max_workers, ramp)
         # Their samples stay handed out in the ledger until delivered.
         self._withdrawn = deque(old.withdraw_unstarted())
         self._run_positions: dict[int, list[int]] = {}
@@ -1194,13 +1194,14 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             processes.close()
         # What the old threads' samples freed goes back to the system.
         give_back_freed_memory_soon()
-        workers, in_flight, max_workers = self._whole_pool
+        workers, in_flight, max_workers, ramp = self._whole_pool
         self._engine = Engine(
             self._worker_ids.fresh(worker_factory(self._spec, processes=None)),
             EXHAUSTED,
             num_workers=workers,
             max_in_flight=in_flight,
             max_workers=max_workers,
+            ramp=ramp,
             in_order=True,
             round_robin=False,
             shutdown_grace=SHUTDOWN_GRACE_S,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
-use super::controller::{Resize, ResizeReason, Window};
+use super::controller::{Resize, ResizeReason, Settled, Window};
 use super::cpu::{available_cores, thread_cpu_time};
 use super::error::EngineError;
 use super::task::{Done, Finished, Task};
@@ -180,6 +180,8 @@ struct PoolState {
     history: Vec<(Duration, usize)>,
     /// The adaptive controller's changes, with why (at most `MAX_HISTORY`).
     resizes: Vec<Resize>,
+    /// What the adaptive controller stands by, once it judged a window.
+    settled: Option<Settled>,
 }
 
 /// State shared by the consumer, the monitor and every worker thread.
@@ -324,6 +326,7 @@ impl<W: WorkerHooks> Pool<W> {
                     handles: Vec::with_capacity(target),
                     history: vec![(Duration::ZERO, target)],
                     resizes: Vec::new(),
+                    settled: None,
                 }),
                 a_worker_exited: Condvar::new(),
                 work_started: bounded(1),
@@ -462,6 +465,15 @@ impl<W: WorkerHooks> Pool<W> {
     /// The adaptive controller's changes of the target, with why.
     pub fn resizes(&self) -> Vec<Resize> {
         self.shared.state().resizes.clone()
+    }
+
+    /// What the adaptive controller stands by now, once it judged a window.
+    pub fn settled(&self) -> Option<Settled> {
+        self.shared.state().settled
+    }
+
+    pub(crate) fn set_settled(&self, settled: Settled) {
+        self.shared.state().settled = Some(settled);
     }
 
     /// Fixes the pool at `target` workers for the rest of its life: the
