@@ -53,7 +53,6 @@ class Engine:
         round_robin: bool,
         shutdown_grace: float,
         max_workers: int | None = None,
-        ramp: bool = True,
     ) -> Engine: ...
     @property
     def num_workers(self) -> int: ...

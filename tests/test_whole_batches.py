@@ -673,17 +673,16 @@ def test_a_few_moved_samples_hand_over_only_when_done_and_short() -> None:
     ("figures", "adaptive", "start"),
     [
         # A fixed pool keeps its size, whatever the sample pool did.
-        ({"workers": 12, "settled_workers": 12, "ramping": False}, False, (8, True)),
-        # A doubling still to be judged is not carried over...
-        ({"workers": 64, "settled_workers": 32, "ramping": True}, True, (32, True)),
-        # ...and growth refines where the sample pool's doubling did not pay.
-        ({"workers": 35, "settled_workers": 34, "ramping": False}, True, (34, False)),
-        # No window judged yet: the pool's size, ramping.
-        ({"workers": 8, "settled_workers": None, "ramping": None}, True, (8, True)),
+        ({"workers": 12, "settled_workers": 12}, False, 8),
+        # A growth step still to be judged is not carried over.
+        ({"workers": 64, "settled_workers": 32}, True, 32),
+        ({"workers": 35, "settled_workers": 34}, True, 34),
+        # No window judged yet: the pool's size.
+        ({"workers": 8, "settled_workers": None}, True, 8),
     ],
 )
 def test_a_pool_of_whole_batches_starts_from_what_the_sample_pool_stands_by(
-    figures: dict, adaptive: bool, start: tuple[int, bool]
+    figures: dict, adaptive: bool, start: int
 ) -> None:
     assert whole_pool_start(figures, 8, adaptive) == start
 
@@ -692,7 +691,7 @@ def test_the_hand_over_starts_whole_batches_where_the_sample_pools_controller_st
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     figures_seen: list[dict] = []
-    chosen: list[tuple[int, bool]] = []
+    chosen: list[int] = []
     engines: list[dict] = []
 
     def start_recorded(figures, num_workers, adaptive):
@@ -720,7 +719,7 @@ def test_the_hand_over_starts_whole_batches_where_the_sample_pools_controller_st
     # The sample engine says what its controller stands by, and the pool of
     # whole batches starts there.
     (figures,) = figures_seen
-    assert {"settled_workers", "ramping"} <= figures.keys()
+    assert "settled_workers" in figures
     (whole,) = engines
-    assert (whole["num_workers"], whole["ramp"]) == chosen[0]
+    assert whole["num_workers"] == chosen[0]
     assert whole["max_workers"] == loader.effective_max_workers()

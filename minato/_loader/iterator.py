@@ -1162,10 +1162,10 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             pace.batches, pace.spent, moved, self._loading_pace(live)
         )
         max_workers = self._max_workers(loader)
-        workers, ramp = whole_pool_start(live, self._num_workers, max_workers is not None)
+        workers = whole_pool_start(live, self._num_workers, max_workers is not None)
         # The old pool loads what it has and grows no more as it empties.
         old.fix_workers(workers)
-        self._whole_pool = (workers, self._batches_in_flight(loader), max_workers, ramp)
+        self._whole_pool = (workers, self._batches_in_flight(loader), max_workers)
         # Their samples stay handed out in the ledger until delivered.
         self._withdrawn = deque(old.withdraw_unstarted())
         self._run_positions: dict[int, list[int]] = {}
@@ -1194,14 +1194,13 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
             processes.close()
         # What the old threads' samples freed goes back to the system.
         give_back_freed_memory_soon()
-        workers, in_flight, max_workers, ramp = self._whole_pool
+        workers, in_flight, max_workers = self._whole_pool
         self._engine = Engine(
             self._worker_ids.fresh(worker_factory(self._spec, processes=None)),
             EXHAUSTED,
             num_workers=workers,
             max_in_flight=in_flight,
             max_workers=max_workers,
-            ramp=ramp,
             in_order=True,
             round_robin=False,
             shutdown_grace=SHUTDOWN_GRACE_S,

@@ -229,23 +229,21 @@ class EpochPace:
         return True
 
 
-def whole_pool_start(figures: dict[str, Any], num_workers: int, adaptive: bool) -> tuple[int, bool]:
+def whole_pool_start(figures: dict[str, Any], num_workers: int, adaptive: bool) -> int:
     """The size a pool of whole batches starts at when an epoch hands over
-    to it, given the sample pool's `figures` (its engine's stats), and
-    whether its growth starts by doubling (ControllerConfig::ramp).
+    to it, given the sample pool's `figures` (its engine's stats).
 
     A fixed pool keeps its size. An adaptive one goes on from the count its
     controller stands by, not from a growth step still to be judged: that
-    doubling, about to be taken back, would be kept (a controller shrinks a
-    pool only while its queue stays full: 32 threads doubled to 64 stayed
-    at 64 for the epoch). It grows by refining only where the sample pool's
-    doubling already did not pay: a fresh ramp probed that count again, for
-    windows of whole batches, seconds long (benchmarks/RESULTS.md,
-    session 26)."""
+    step would be kept unjudged (a controller shrinks a pool only while its
+    queue stays full: 32 threads doubled to 64 just before the hand-over
+    stayed at 64 for the epoch, benchmarks/RESULTS.md, session 26). Its
+    growth starts by doubling again: a doubling that did not pay on single
+    samples may on whole batches, which cost the training process less per
+    sample (16 workers of 3 ms: 64 threads)."""
     if not adaptive:
-        return num_workers, True
-    workers = figures["settled_workers"] or figures["workers"]
-    return max(1, workers), figures["ramping"] is not False
+        return num_workers
+    return max(1, figures["settled_workers"] or figures["workers"])
 
 
 def stalls(waited: float, samples: int, fetch_p50: float | None) -> bool:

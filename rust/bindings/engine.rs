@@ -23,7 +23,7 @@ pub(crate) struct PyEngine {
 impl PyEngine {
     #[new]
     #[allow(clippy::too_many_arguments)] // one per keyword argument
-    #[pyo3(signature = (make_worker, exhausted, *, num_workers, max_in_flight, in_order, round_robin, shutdown_grace, max_workers=None, ramp=true))]
+    #[pyo3(signature = (make_worker, exhausted, *, num_workers, max_in_flight, in_order, round_robin, shutdown_grace, max_workers=None))]
     fn new(
         py: Python<'_>,
         make_worker: Py<PyAny>,
@@ -34,7 +34,6 @@ impl PyEngine {
         round_robin: bool,
         shutdown_grace: f64,
         max_workers: Option<usize>,
-        ramp: bool,
     ) -> PyResult<Self> {
         let config = EngineConfig {
             num_workers,
@@ -50,7 +49,7 @@ impl PyEngine {
                 (true, false) => Dispatch::FairShare,
             },
             shutdown_grace: Duration::from_secs_f64(shutdown_grace.max(0.0)),
-            adaptive: stats::adaptive(num_workers, max_workers, ramp),
+            adaptive: stats::adaptive(num_workers, max_workers),
         };
         let gil_wait = GilWait::default();
         let hooks = PythonWorker {

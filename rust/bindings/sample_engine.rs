@@ -85,7 +85,7 @@ impl PySampleEngine {
             sample_timeout,
             max_slow_in_flight,
             shutdown_grace: Duration::from_secs_f64(shutdown_grace.max(0.0)),
-            adaptive: stats::adaptive(num_workers, max_workers, true),
+            adaptive: stats::adaptive(num_workers, max_workers),
             drop_last,
             in_sequence,
         };

@@ -33,17 +33,9 @@ impl GilWait {
     }
 }
 
-/// The adaptive controller's bounds, or None for a fixed pool; `ramp`: its
-/// growth starts by doubling (see `ControllerConfig::ramp`).
-pub(crate) fn adaptive(
-    num_workers: usize,
-    max_workers: Option<usize>,
-    ramp: bool,
-) -> Option<ControllerConfig> {
-    max_workers.map(|max| ControllerConfig {
-        ramp,
-        ..ControllerConfig::new(1, max.max(num_workers))
-    })
+/// The adaptive controller's bounds, or None for a fixed pool.
+pub(crate) fn adaptive(num_workers: usize, max_workers: Option<usize>) -> Option<ControllerConfig> {
+    max_workers.map(|max| ControllerConfig::new(1, max.max(num_workers)))
 }
 
 fn seconds(duration: Option<Duration>) -> Option<f64> {
@@ -82,9 +74,7 @@ pub(crate) fn to_dict<'py>(
         })
         .collect();
     dict.set_item("resizes", resizes)?;
-    let settled = stats.settled;
-    dict.set_item("settled_workers", settled.map(|settled| settled.workers))?;
-    dict.set_item("ramping", settled.map(|settled| settled.ramping))?;
+    dict.set_item("settled_workers", stats.settled_workers)?;
     dict.set_item("samples_loaded", stats.samples_loaded)?;
     dict.set_item("busy", stats.busy.as_secs_f64())?;
     dict.set_item("cpu", stats.cpu.as_secs_f64())?;

@@ -140,12 +140,6 @@ pub struct ControllerConfig {
     /// ...and by at least this many seconds: a loop whose steps take
     /// microseconds (data alone) varies by more than 10% from noise.
     pub min_step_slowdown_s: f64,
-    /// Growth starts by doubling. A pool that takes over from one whose
-    /// doubling already did not pay on the same work (see [`Settled`])
-    /// starts by refining instead: a fresh ramp would probe the count that
-    /// failed again, for windows of whole batches, each far longer than a
-    /// sample's (benchmarks/RESULTS.md, session 26).
-    pub ramp: bool,
 }
 
 impl ControllerConfig {
@@ -168,7 +162,6 @@ impl ControllerConfig {
             max_ceiling_windows: 128,
             max_step_slowdown: 0.1,
             min_step_slowdown_s: 0.0005,
-            ramp: true,
         }
     }
 }
@@ -231,17 +224,6 @@ impl ResizeReason {
     }
 }
 
-/// What a controller stands by so far, for a pool that takes over its work
-/// (see [`ControllerConfig::ramp`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Settled {
-    /// The count before any step still waiting for its verdict: a growth
-    /// step not yet judged may yet be taken back.
-    pub workers: usize,
-    /// Growth still doubles: no doubling failed to pay yet.
-    pub ramping: bool,
-}
-
 /// One change of the worker count: when, to what, why, and the window
 /// that decided it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -291,13 +273,13 @@ impl Controller {
         let workers = workers.clamp(config.min_workers, config.max_workers);
         Controller {
             ceiling_windows: config.ceiling_windows,
-            doubling: config.ramp,
             config,
             workers,
             occupancy: None,
             probe: None,
             ceiling: None,
             try_fewer: false,
+            doubling: true,
             may_quadruple: true,
             linear_steps: 0,
             cpu: None,
@@ -311,12 +293,11 @@ impl Controller {
         self.workers
     }
 
-    /// What it stands by so far (see [`Settled`]).
-    pub fn settled(&self) -> Settled {
-        Settled {
-            workers: self.probe.map_or(self.workers, |probe| probe.from),
-            ramping: self.doubling,
-        }
+    /// The count it stands by so far: the count before a step still
+    /// waiting for its verdict (a growth step not yet judged may yet be
+    /// taken back), for a pool that takes over its work.
+    pub fn settled_workers(&self) -> usize {
+        self.probe.map_or(self.workers, |probe| probe.from)
     }
 
     /// Why the last call of [`Self::observe`] changed the worker count;
@@ -617,50 +598,21 @@ mod tests {
         // and is taken back; so is a step of two, after which one fewer is
         // probed.
         let mut controller = Controller::new(ControllerConfig::new(1, 64), 8);
-        let ramping = Settled {
-            workers: 8,
-            ramping: true,
-        };
-        assert_eq!(controller.settled(), ramping);
-        let mut seen = Vec::new();
-        for _ in 0..7 {
-            let workers = controller.observe(window(800.0, 0.0, Some(0.2)));
-            seen.push((workers, controller.settled()));
-        }
-        let refining = |workers| Settled {
-            workers,
-            ramping: false,
-        };
+        assert_eq!(controller.settled_workers(), 8);
+        let seen: Vec<(usize, usize)> = (0..7)
+            .map(|_| {
+                let workers = controller.observe(window(800.0, 0.0, Some(0.2)));
+                (workers, controller.settled_workers())
+            })
+            .collect();
         assert_eq!(
             seen,
-            [
-                (16, ramping),
-                (16, ramping),
-                (8, refining(8)),
-                (10, refining(8)),
-                (10, refining(8)),
-                (8, refining(8)),
-                (7, refining(8)),
-            ],
+            [(16, 8), (16, 8), (8, 8), (10, 8), (10, 8), (8, 8), (7, 8)],
             "{seen:?}"
         );
-    }
-
-    #[test]
-    fn a_pool_that_takes_over_a_ramp_that_ended_refines_from_its_start() {
-        // Linear work: from 8, steps of two, each judged on two looks; two
-        // that gained what their workers should make growth double again.
-        let config = ControllerConfig {
-            ramp: false,
-            ..ControllerConfig::new(1, 64)
-        };
-        let mut controller = Controller::new(config, 8);
-        assert!(!controller.settled().ramping);
-        let counts = settle(&mut controller, |n| 100.0 * n as f64, 8);
-        assert_eq!(counts, [10, 10, 12, 12, 24, 48, 64, 64], "{counts:?}");
-        // The same work on a fresh pool doubles from the start.
-        let mut fresh = Controller::new(ControllerConfig::new(1, 64), 8);
-        assert_eq!(&settle(&mut fresh, |n| 100.0 * n as f64, 2), &[16, 32]);
+        // One fewer lost nothing: kept.
+        controller.observe(window(800.0, 0.0, Some(0.2)));
+        assert_eq!((controller.workers(), controller.settled_workers()), (7, 7));
     }
 
     #[test]

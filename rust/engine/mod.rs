@@ -35,7 +35,7 @@ mod thread_state;
 mod workers;
 
 pub use collate::{Collate, Uncollated};
-pub use controller::{Controller, ControllerConfig, Resize, ResizeReason, Settled, Window};
+pub use controller::{Controller, ControllerConfig, Resize, ResizeReason, Window};
 pub use cpu::{runnable_wait, thread_cpu_time, thread_runnable_wait};
 pub use dispatch::Dispatch;
 pub use error::EngineError;

@@ -240,7 +240,7 @@ impl Adapter {
             busy_workers: Some(busy as f64 / elapsed.as_nanos().max(1) as f64),
         };
         let decided = self.controller.observe(window);
-        pool.set_settled(self.controller.settled());
+        pool.set_settled_workers(self.controller.settled_workers());
         if pool.is_fixed() {
             // The pool's size was fixed meanwhile: measure, never resize.
         } else if decided != pool.target() {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
-use super::controller::{Resize, ResizeReason, Settled, Window};
+use super::controller::{Resize, ResizeReason, Window};
 use super::cpu::{available_cores, thread_cpu_time};
 use super::error::EngineError;
 use super::task::{Done, Finished, Task};
@@ -180,8 +180,8 @@ struct PoolState {
     history: Vec<(Duration, usize)>,
     /// The adaptive controller's changes, with why (at most `MAX_HISTORY`).
     resizes: Vec<Resize>,
-    /// What the adaptive controller stands by, once it judged a window.
-    settled: Option<Settled>,
+    /// The count the adaptive controller stands by, once it judged a window.
+    settled_workers: Option<usize>,
 }
 
 /// State shared by the consumer, the monitor and every worker thread.
@@ -326,7 +326,7 @@ impl<W: WorkerHooks> Pool<W> {
                     handles: Vec::with_capacity(target),
                     history: vec![(Duration::ZERO, target)],
                     resizes: Vec::new(),
-                    settled: None,
+                    settled_workers: None,
                 }),
                 a_worker_exited: Condvar::new(),
                 work_started: bounded(1),
@@ -467,13 +467,14 @@ impl<W: WorkerHooks> Pool<W> {
         self.shared.state().resizes.clone()
     }
 
-    /// What the adaptive controller stands by now, once it judged a window.
-    pub fn settled(&self) -> Option<Settled> {
-        self.shared.state().settled
+    /// The count the adaptive controller stands by now (see
+    /// `Controller::settled_workers`), once it judged a window.
+    pub fn settled_workers(&self) -> Option<usize> {
+        self.shared.state().settled_workers
     }
 
-    pub(crate) fn set_settled(&self, settled: Settled) {
-        self.shared.state().settled = Some(settled);
+    pub(crate) fn set_settled_workers(&self, workers: usize) {
+        self.shared.state().settled_workers = Some(workers);
     }
 
     /// Fixes the pool at `target` workers for the rest of its life: the

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::controller::{Resize, Settled};
+use super::controller::Resize;
 use super::fetch_times::FetchTimes;
 
 /// An engine's figures at one moment. Times are totals since it started.
@@ -17,8 +17,9 @@ pub struct EngineStats {
     pub worker_history: Vec<(Duration, usize)>,
     /// The adaptive controller's changes of the count, with why.
     pub resizes: Vec<Resize>,
-    /// What the adaptive controller stands by, once it judged a window.
-    pub settled: Option<Settled>,
+    /// The count the adaptive controller stands by (a growth step not yet
+    /// judged left out), once it judged a window.
+    pub settled_workers: Option<usize>,
     /// Samples the workers finished loading (delivered or not).
     pub samples_loaded: u64,
     /// Time workers spent inside tasks, their pauses (waits for the GIL)

@@ -173,7 +173,7 @@ impl<W: WorkerHooks> Workers<W> {
             workers: self.live(),
             worker_history: self.pool.history(),
             resizes: self.pool.resizes(),
-            settled: self.pool.settled(),
+            settled_workers: self.pool.settled_workers(),
             samples_loaded: shared.samples_done.load(Ordering::Relaxed),
             busy: Duration::from_nanos(shared.busy_nanos.load(Ordering::Relaxed)),
             cpu: Duration::from_nanos(shared.cpu_nanos.load(Ordering::Relaxed)),
