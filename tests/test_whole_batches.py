@@ -284,12 +284,7 @@ def test_a_hand_over_tells_the_choice_the_pools_loading_pace(
         samples_part_ended(self, *args)
 
     monkeypatch.setattr(WholeBatchChoice, "samples_part_ended", record)
-    loader = _loader(Indexed(LONG_EPOCH), worker_method="thread")
-    batches = iter(loader)
-    seen = [index for indices, _, _ in batches for index in indices.tolist()]
-    assert sorted(seen) == list(range(LONG_EPOCH))
-    if not _handed_over(batches):
-        assert loader.stats().moved_samples  # under load a sample ran late
+    if _long_epoch_handed_over() is None:
         return
     (batches_on_samples, spent, _moved, loading_pace) = told[-1]
     assert batches_on_samples > 0 and spent > 0
@@ -319,6 +314,20 @@ class Indexed(Drawing):
 
 def _handed_over(batches: object) -> bool:
     return getattr(batches, "_handed_over", False)
+
+
+def _long_epoch_handed_over() -> minato.DataLoader | None:
+    """A fresh loader's long epoch, each sample once: the loader where it
+    handed over to whole batches, None where under load a sample ran late
+    before the hand-over and the epoch rightly stayed on single samples."""
+    loader = _loader(Indexed(LONG_EPOCH), worker_method="thread")
+    batches = iter(loader)
+    seen = [index for indices, _, _ in batches for index in indices.tolist()]
+    assert sorted(seen) == list(range(LONG_EPOCH))
+    if not _handed_over(batches):
+        assert loader.stats().moved_samples
+        return None
+    return loader
 
 
 def test_a_fresh_loaders_first_epoch_hands_over_to_whole_batches_each_sample_once() -> None:
@@ -707,14 +716,8 @@ def test_the_hand_over_starts_whole_batches_where_the_sample_pools_controller_st
 
     monkeypatch.setattr(iterator_module, "whole_pool_start", start_recorded)
     monkeypatch.setattr(iterator_module, "Engine", engine_recorded)
-    loader = _loader(Indexed(LONG_EPOCH), worker_method="thread")
-    batches = iter(loader)
-    seen = [index for indices, _, _ in batches for index in indices.tolist()]
-    assert sorted(seen) == list(range(LONG_EPOCH))
-    if not _handed_over(batches):
-        # Under load a sample ran late before the hand-over: the epoch rightly
-        # stayed on single samples.
-        assert loader.stats().moved_samples
+    loader = _long_epoch_handed_over()
+    if loader is None:
         return
     # The sample engine says what its controller stands by, and the pool of
     # whole batches starts there.
