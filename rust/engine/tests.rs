@@ -1240,6 +1240,15 @@ fn an_adaptive_engine_grows_on_scaling_work_and_delivers_everything_once() {
         .all(|&(_, n)| (1..=6).contains(&n)));
     assert_eq!(stats.samples_loaded, 600);
     assert!(stats.occupancy.is_some());
+    // What its controller stands by is a count the pool had.
+    let settled = stats
+        .settled_workers
+        .expect("the controller judged windows");
+    assert!(
+        stats.worker_history.iter().any(|&(_, n)| n == settled),
+        "{settled} {:?}",
+        stats.worker_history
+    );
     engine.shutdown(WAIT);
     assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
 }
