@@ -123,6 +123,7 @@ class _FakeEngine:
         self.figures = dict(
             workers=4,
             worker_history=[(0.0, 4)],
+            settled_workers=None,
             samples_loaded=500,
             busy=busy,
             gil_wait=gil_wait,
@@ -228,11 +229,28 @@ def test_a_growing_pool_says_why_it_grew() -> None:
 def test_the_next_epoch_starts_where_the_controller_settled() -> None:
     loader = minato.DataLoader(SleepyIo(400), batch_size=4, num_workers=2, max_workers=6)
     drain(loader)
-    settled = loader.stats().worker_history[-1][1]
-    epochs_before = len(loader.stats().worker_history)
+    history = loader.stats().worker_history
+    settled = loader._stats_recorder.learned_workers
+    # A count the pool had (the last, unless a growth step was still to be
+    # judged as the epoch ended: the count before it).
+    assert settled in {count for _, count in history}
     it = iter(loader)
-    assert loader.stats().worker_history[epochs_before][1] == settled
+    assert loader.stats().worker_history[len(history)][1] == settled
     del it
+
+
+@pytest.mark.parametrize(("settled", "starts_at"), [(2, 2), (None, 4)])
+def test_an_epoch_that_ended_on_a_step_still_to_be_judged_is_followed_from_before_it(
+    settled, starts_at
+) -> None:
+    # The epoch ended just after a doubling from 2 to 4: where its controller
+    # stood by 2, the next epoch starts there; where none was judged, at 4.
+    engine = _FakeEngine(gil_wait=0.0, busy=1.0)
+    engine.figures.update(worker_history=[(0.0, 2), (0.5, 4)], settled_workers=settled)
+    recorder = StatsRecorder()
+    recorder.engine_started(engine)
+    recorder.engine_stopped(engine)
+    assert recorder.learned_workers == starts_at
 
 
 def test_an_iterable_datasets_pool_keeps_its_size() -> None:

@@ -284,7 +284,12 @@ class StatsRecorder:
             if self._live is engine:
                 self._live = None
             _add(self._closed, self._history, self._resizes, figures, self._live_offset)
-            if figures["worker_history"]:
+            # Where the controller settled: not a growth step it had yet to
+            # judge, which a fresh controller would keep unjudged.
+            settled = figures["settled_workers"]
+            if settled:
+                self.learned_workers = settled
+            elif figures["worker_history"]:
                 self.learned_workers = figures["worker_history"][-1][1]
             self._last = figures
 

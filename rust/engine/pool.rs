@@ -468,8 +468,12 @@ impl<W: WorkerHooks> Pool<W> {
     }
 
     /// The count the adaptive controller stands by now (see
-    /// `Controller::settled_workers`), once it judged a window.
+    /// `Controller::settled_workers`), once it judged a window; None while
+    /// the pool is fixed (the controller then no longer sizes it).
     pub fn settled_workers(&self) -> Option<usize> {
+        if self.is_fixed() {
+            return None;
+        }
         self.shared.state().settled_workers
     }
 

@@ -1310,8 +1310,9 @@ fn an_adaptive_pool_is_not_judged_while_its_first_workers_start() {
 }
 
 /// The pool sizes of an adaptive engine (1 to 6 workers) that ran the
-/// scaling work that makes such a pool grow (test above), after `resized`.
-fn sizes_after_scaling_work(resized: impl FnOnce(&Engine<Hooks>)) -> Vec<usize> {
+/// scaling work that makes such a pool grow (test above), after `resized`,
+/// and the count its controller stood by at the end.
+fn sizes_after_scaling_work(resized: impl FnOnce(&Engine<Hooks>)) -> (Vec<usize>, Option<usize>) {
     let mut cfg = config(1, 2, Order::Completion, Dispatch::Shared);
     cfg.adaptive = Some(ControllerConfig::new(1, 6));
     let (mut engine, inside) = start(cfg);
@@ -1323,23 +1324,25 @@ fn sizes_after_scaling_work(resized: impl FnOnce(&Engine<Hooks>)) -> Vec<usize> 
         .collect();
     values.sort_unstable();
     assert_eq!(values, (0..600).collect::<Vec<_>>());
-    let history = pool_sizes(&engine.stats());
+    let stats = engine.stats();
     engine.shutdown(WAIT);
     assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
-    history
+    (pool_sizes(&stats), stats.settled_workers)
 }
 
 #[test]
 fn a_fixed_pool_is_no_longer_resized_by_the_controller() {
-    let history = sizes_after_scaling_work(|engine| engine.fix_workers(2));
+    let (history, settled) = sizes_after_scaling_work(|engine| engine.fix_workers(2));
     assert_eq!(history, [1, 2]);
+    // Its controller sizes it no more: no count to stand by.
+    assert_eq!(settled, None);
 }
 
 #[test]
 fn a_pool_fixed_then_released_is_resized_by_the_controller_again() {
     // Fixed as auto decided on processes, released as it kept threads after
     // all: the pool grows past the fixed size.
-    let history = sizes_after_scaling_work(|engine| {
+    let (history, _) = sizes_after_scaling_work(|engine| {
         engine.fix_workers(1);
         engine.adapt_workers();
     });
