@@ -31,8 +31,10 @@ __all__ = [
     "_load_npy",
     "_load_npz",
     "_runnable_wait",
+    "_same_items",
     "_sample_begins",
     "_sample_seed",
+    "_scalar_items_bytes",
     "_stack_into",
     "_thread_runnable_wait",
     "_uniform_leaves",
@@ -238,6 +240,11 @@ def _arena_batch(batch: Any) -> ArenaBatch | None: ...
 # --- forks kept apart from threads' first attach (rust/bindings/fork_gate.rs) ---
 
 def _before_fork() -> None: ...
+
+# --- a dataset's registered lists, items untouched (rust/bindings/inherit.rs) ---
+
+def _same_items(items: Any, snapshot: tuple[Any, ...]) -> bool: ...
+def _scalar_items_bytes(items: Any) -> int: ...
 
 # --- GIL takes counted (rust/bindings/gil_takes.rs) ---
 

@@ -142,6 +142,46 @@ print("ok")
     assert out.strip() == "ok"
 
 
+def test_sending_a_list_leaves_its_items_shared_with_the_fork_server() -> None:
+    # Walking the list in Python (to check its items are the ones the fork
+    # server has) would write each item's reference count: the kernel would
+    # copy every page holding an item into the training process, and the
+    # list would be held twice (benchmarks/file_names.py).
+    imports = "import struct\nimport torch.utils.data as tud\nimport minato\n"
+    out = run(
+        """
+class Blobs(tud.Dataset):
+    def __init__(self):
+        self.images = [bytes([i % 251]) * 12_000 for i in range(2000)]  # 24 MB, 3 pages each
+        self.names = tuple(f"image{i}.jpg" for i in range(2000))
+    def __len__(self):
+        return len(self.images)
+    def __getitem__(self, index):
+        return self.images[index][0], len(self.names[index])
+
+blobs = Blobs()
+headers = [id(image) for image in blobs.images]  # read before the fork server is forked
+loader = minato.DataLoader(blobs, batch_size=50, num_workers=2, worker_method="multiprocessing")
+firsts = [first for batch, _ in loader for first in batch.tolist()]
+assert firsts == [i % 251 for i in range(2000)]
+
+def exclusive(address):
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(address // 4096 * 8)
+        (entry,) = struct.unpack("<Q", pagemap.read(8))
+    return bool(entry >> 63) and bool(entry >> 56 & 1)  # present, mapped here alone
+
+# Only the first few, which the workers' copy of the dataset looks at for
+# datasets it wraps (minato._thread.dataset.SCAN_LIMIT).
+copied = sum(map(exclusive, headers))
+assert copied <= len(headers) // 10, f"{copied} of {len(headers)} items' pages copied"
+print("ok")
+""",
+        prelude=imports,
+    )
+    assert out.strip() == "ok"
+
+
 def test_auto_forks_the_server_as_it_moves_and_its_workers_inherit_the_list() -> None:
     # Auto forks the fork server only once its measurements point to
     # processes, while its threads load: the dataset's list must be
@@ -182,3 +222,39 @@ print("ok")
         prelude=imports,
     )
     assert out.strip() == "ok"
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [],
+        [b"ab", "h\u00e9llo"],
+        (b"abc", "d"),
+        [1, 2.0, True, None],
+        [b"a", 1],
+        [("a", 1), ("b", 2)],
+        [()],
+        [("a", [1])],
+        [("a", 1), "b"],
+        [(1, (2,))],
+        [object()],
+        [bytearray(b"x")],
+    ],
+)
+def test_scalar_lists_are_sized_as_pythons_loops_would(items: object) -> None:
+    import itertools
+
+    from minato._process.inherit import _list_bytes
+
+    scalars = {bytes, str, int, float, bool, type(None)}
+    kinds = set(map(type, items))  # type: ignore[call-overload]
+    if not kinds <= scalars | {tuple}:
+        expected = -1
+    elif tuple in kinds:
+        inner = set(map(type, itertools.chain.from_iterable(items)))  # type: ignore[call-overload]
+        expected = 8 * len(items) if kinds == {tuple} and inner <= scalars else -1  # type: ignore[arg-type]
+    elif kinds <= {bytes, str}:
+        expected = sum(map(len, items))  # type: ignore[call-overload]
+    else:
+        expected = 8 * len(items)  # type: ignore[arg-type]
+    assert _list_bytes(items) == expected

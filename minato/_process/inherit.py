@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import itertools
 import mmap
-import operator
 import os
 import threading
 import weakref
@@ -53,6 +52,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from minato._minato import _same_items, _scalar_items_bytes
 
 # Arrays smaller than this are pickled as before.
 MIN_BYTES = 1 << 20
@@ -80,9 +81,6 @@ _lists: dict[int, tuple[Any, tuple[Any, ...], int]] = {}
 _scalar_lists: set[int] = set()
 # The types of the objects that held registered lists (see owner_reduction).
 _owner_types: set[type] = set()
-# The scalar items a registered list may hold (or hold in tuples of them).
-_SCALARS = frozenset({bytes, str, int, float, bool, type(None)})
-_ITEM_KINDS = _SCALARS | {tuple}
 # Lists longer than this are not inherited.
 MAX_LIST_ITEMS = 10_000_000
 # Lists this long count as large whatever their items.
@@ -114,20 +112,13 @@ def _memory_of(obj: Any) -> tuple[int, int] | None:
 
 def _list_bytes(items: Any) -> int:
     """About the bytes a list or tuple of scalars (or of tuples of scalars)
-    holds, or -1 where it holds anything else. Checked by C loops (a million
-    file names take tens of milliseconds)."""
+    holds, or -1 where it holds anything else. Checked in Rust, which writes
+    no item's reference count: Python's loops would, and once the fork
+    server is forked, every page holding an item would be copied into the
+    training process (a million file names held twice)."""
     if len(items) > MAX_LIST_ITEMS:
         return -1
-    kinds = set(map(type, items))
-    if not kinds <= _ITEM_KINDS:
-        return -1
-    if tuple in kinds:
-        if kinds != {tuple} or not set(map(type, itertools.chain.from_iterable(items))) <= _SCALARS:
-            return -1
-        return 8 * len(items)  # the pointers at least
-    if kinds <= {bytes, str}:
-        return sum(map(len, items))
-    return 8 * len(items)
+    return _scalar_items_bytes(items)
 
 
 def _large_lists_of(obj: Any) -> dict[str, Any]:
@@ -265,7 +256,7 @@ def _list_key_of(items: Any) -> int | None:
     if entry is None or entry[0] is not items or not _valid(entry[2]):
         return None
     snapshot = entry[1]
-    if len(items) != len(snapshot) or not all(map(operator.is_, items, snapshot)):
+    if not _same_items(items, snapshot):
         return None
     if id(items) not in _scalar_lists:
         if _list_bytes(snapshot) < 0:

@@ -7,6 +7,7 @@ mod engine;
 mod errors;
 mod fork_gate;
 mod gil_takes;
+mod inherit;
 mod io_array;
 mod io_image;
 mod io_source;
@@ -58,6 +59,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     arenas::register(m)?;
     gil_takes::register(m)?;
     fork_gate::register(m)?;
+    inherit::register(m)?;
     sample_seed::register(m)?;
     sample_ledger::register(m)?;
     sample_progress::register(m)?;
