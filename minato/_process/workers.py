@@ -110,6 +110,11 @@ class _ForkedServer:
 def _fork_server(theirs: socket.socket) -> _ForkedServer:
     """Forks this process into the fork server, serving `theirs`."""
     keep = theirs.fileno()
+    # What the server runs in its workers, imported here first: its objects
+    # are then shared with the server, not made there on pages the server
+    # would copy from this process's (benchmarks/RESULTS.md, session 27).
+    import minato._process.child  # noqa: F401
+
     # Auto forks it while its worker threads load: none is left inside the
     # user's code, half done, in the server (minato._util.user_code). Every
     # fork waits so (its at-fork hook); waiting here, before the warnings
