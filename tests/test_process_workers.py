@@ -645,6 +645,35 @@ def _run_script(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]
     return run
 
 
+def test_shared_memory_held_at_interpreter_exit_closes_quietly(tmp_path: Path) -> None:
+    # A script's globals are collected as the interpreter exits, after the
+    # modules' own globals may be gone: closing a descriptor must not need them.
+    run = _run_script(
+        textwrap.dedent("""
+        import numpy as np, torch.utils.data as tud
+        import minato
+        from minato._process import ipc
+
+        class Rows(tud.Dataset):
+            def __init__(self):
+                self.data = np.arange(1 << 18, dtype=np.int64)  # shared memory
+                self.table = {i: str(i) for i in range(200_000)}  # a spilled message
+            def __len__(self):
+                return 100
+            def __getitem__(self, i):
+                return int(self.data[i]), self.table[i]
+
+        payload = ipc.spill(ipc.dumps(Rows()))
+        buffer = ipc.SharedBuffer(1 << 16)
+        assert payload.fds and len(payload.keep) > 0
+        print("held")
+        """),
+        tmp_path,
+    )
+    assert run.stdout.strip() == "held"
+    assert "Exception ignored" not in run.stderr, run.stderr
+
+
 def test_auto_forks_no_fork_server_while_it_keeps_threads(tmp_path: Path) -> None:
     # Forked, it comes to hold a copy of every page the training process
     # writes: auto forks it only once its measurements point to processes, a

@@ -35,6 +35,7 @@ import os
 import pickle
 import pickletools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -96,8 +97,9 @@ class SharedBuffer:
             raise
         self.tensor = torch.frombuffer(mapped, dtype=torch.uint8)
 
-    def __del__(self) -> None:
-        os.close(self.fd)
+    # os.close held here: at interpreter exit the module's globals may be gone first.
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
+        _close(self.fd)
 
 
 def _mapped(fd: int, size: int) -> torch.UntypedStorage:
@@ -171,9 +173,9 @@ class DeferredSample:
         fds, self.fds = self.fds, []
         return loads(self.data, fds, self.slots, False, self.arenas)
 
-    def __del__(self) -> None:
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
         for fd in self.fds:  # never opened
-            os.close(fd)
+            _close(fd)
 
 
 def open_samples(samples: list[Any]) -> list[Any]:
@@ -789,8 +791,8 @@ class _OwnedFd:
     def __init__(self, fd: int) -> None:
         self.fd = fd
 
-    def __del__(self) -> None:
-        os.close(self.fd)
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
+        _close(self.fd)
 
 
 def send(
