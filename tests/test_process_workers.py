@@ -12,6 +12,7 @@ import gc
 import hashlib
 import multiprocessing
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -643,6 +644,61 @@ def _run_script(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]
     )
     assert run.returncode == 0, run.stderr
     return run
+
+
+class _Blob:
+    """Pickles its bytes as a ``pickle.PickleBuffer``, as pyarrow's buffers do."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return _Blob, (pickle.PickleBuffer(self.data),)
+
+
+def test_large_pickle_buffers_travel_in_shared_memory_as_they_were() -> None:
+    writable = _Blob(bytearray(range(256)) * 4096)  # 1 MiB
+    frozen = _Blob(bytes(range(256)) * 4096)
+    small = _Blob(bytearray(b"tiny"))
+    payload = _ipc.dumps((writable, frozen, small))
+    # Out of the pickle: neither copied into it nor rebuilt from it.
+    assert len(payload.data) < 10_000 and len(payload.fds) == 2
+    received = _ipc.loads(payload.data, [os.dup(fd) for fd in payload.fds])
+    got_writable, got_frozen, got_small = received
+    assert bytes(got_writable.data) == bytes(writable.data)
+    assert bytes(got_frozen.data) == bytes(frozen.data) and memoryview(got_frozen.data).readonly
+    assert bytes(got_small.data) == b"tiny"
+    # Writable, as sent, and this process's own: a forked worker's copy.
+    got_writable.data[0] = 99
+    assert writable.data[0] == 0
+    again = _ipc.loads(payload.data, [os.dup(fd) for fd in payload.fds])[0]
+    assert again.data[0] == 0
+
+
+class ArrowNames(Dataset):
+    def __init__(self) -> None:
+        pyarrow = pytest.importorskip("pyarrow")
+        self.names = pyarrow.array([f"image{i}.jpg" for i in range(200_000)])  # 2.7 MB
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> str:
+        return self.names[index * 1000].as_py()
+
+
+def test_a_datasets_arrow_array_reaches_worker_processes_by_shared_memory() -> None:
+    loader = minato.DataLoader(
+        ArrowNames(), batch_size=8, num_workers=2, worker_method="multiprocessing"
+    )
+    iterator = iter(loader)
+    names = list(next(iterator))
+    payload = iterator._processes.spec_payload()  # type: ignore[attr-defined]
+    # The array's buffers lie beside the pickle, not in it (nor in a spilled one).
+    assert payload.fds and len(payload.data) < 100_000, (len(payload.fds), len(payload.data))
+    assert b"_with_buffers" in payload.data and b"_spilled" not in payload.data
+    names += [name for batch in iterator for name in batch]
+    assert names == [f"image{i * 1000}.jpg" for i in range(64)]
 
 
 def test_shared_memory_held_at_interpreter_exit_closes_quietly(tmp_path: Path) -> None:

@@ -197,9 +197,23 @@ class _SharingPickler(cloudpickle.Pickler):
         ring: SlotRing | None = None,
         writer: ArenaWriter | None = None,
         inherits: bool = False,
+        out_of_band: bool = False,
     ) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.share = _can_share()
+        share = _can_share()
+        # Buffers an object pickles as `pickle.PickleBuffer` (pyarrow's, as
+        # pandas' string columns hold them) go into shared memory, once, and
+        # are unpickled over it: in band, they were copied into the pickle
+        # and rebuilt in every worker process (benchmarks/RESULTS.md,
+        # session 27).
+        super().__init__(
+            file,
+            protocol=pickle.HIGHEST_PROTOCOL,
+            buffer_callback=self._in_band if out_of_band and share else None,
+        )
+        self.share = share
+        # Where each buffer taken out of band went: its descriptor's place
+        # among the message's, its size, and whether it was read-only.
+        self.buffers: list[tuple[int, int, bool]] = []
         # A spec for worker processes of this process's fork server: arrays
         # they find unchanged in its memory go as keys (minato._process.inherit).
         self.inherits = inherits
@@ -302,6 +316,19 @@ class _SharingPickler(cloudpickle.Pickler):
                 found = (len(self.fds) - 1, size, slot_bytes, segment)
         ring.write(slot, data)
         return found, slot
+
+    def _in_band(self, buffer: pickle.PickleBuffer) -> bool:
+        """Whether `buffer` stays in the pickle: a small one does; a large
+        one is copied into shared memory of its own."""
+        view = buffer.raw()
+        if view.nbytes < SHARE_MIN_BYTES or len(self.fds) >= MAX_FDS:
+            return True
+        shared = SharedBuffer(view.nbytes)
+        shared.tensor.numpy()[:] = np.frombuffer(view, dtype=np.uint8)
+        self.keep.append(shared)
+        self.fds.append(shared.fd)
+        self.buffers.append((len(self.fds) - 1, view.nbytes, view.readonly))
+        return False
 
     def unwind(self) -> None:
         """The message was not sent: its slots are free again, and the
@@ -563,7 +590,7 @@ def dumps(
     results). With `inherit` (a worker's spec), the large arrays the fork
     server's memory holds unchanged go as references to it."""
     buffer = io.BytesIO()
-    pickler = _SharingPickler(buffer, ring, writer, inherit)
+    pickler = _SharingPickler(buffer, ring, writer, inherit, out_of_band=True)
     if _set_spawning_popen is not None:
         _set_spawning_popen(_StartingWorker(pickler))
     try:
@@ -577,7 +604,36 @@ def dumps(
     finally:
         if _set_spawning_popen is not None:
             _set_spawning_popen(None)
-    return Payload(buffer.getvalue(), pickler.fds, pickler.keep)
+    data = buffer.getvalue()
+    if pickler.buffers:
+        # The unpickler is handed the buffers taken out of band, in order.
+        data = pickle.dumps(_OutOfBand(data, pickler.buffers), protocol=pickle.HIGHEST_PROTOCOL)
+    return Payload(data, pickler.fds, pickler.keep)
+
+
+class _OutOfBand:
+    """A pickle whose large buffers lie in the message's shared memory."""
+
+    __slots__ = ("data", "buffers")
+
+    def __init__(self, data: bytes, buffers: list[tuple[int, int, bool]]) -> None:
+        self.data, self.buffers = data, buffers
+
+    def __reduce__(self) -> Any:
+        return _with_buffers, (self.data, self.buffers)
+
+
+def _with_buffers(data: bytes, buffers: list[tuple[int, int, bool]]) -> Any:
+    return pickle.loads(data, buffers=[_received_buffer(*buffer) for buffer in buffers])
+
+
+def _received_buffer(slot: int, size: int, readonly: bool) -> memoryview:
+    """A buffer taken out of band, as it was: read-only, or writable with
+    this process's writes its own (a private mapping, copied on write, as a
+    forked worker's memory is)."""
+    mapped = mmap.mmap(_received.fds[slot], size, flags=mmap.MAP_PRIVATE)
+    view = memoryview(mapped)
+    return view.toreadonly() if readonly else view
 
 
 # The descriptors of the message being unpickled on this thread.
