@@ -1,5 +1,7 @@
 """A dataset that holds a million file names, as torchvision's ImageFolder
-holds its ``samples`` (a list of (path, class) tuples): the process tree's
+holds its ``samples`` (a list of (path, class) tuples), or as a pandas
+DataFrame of paths and labels (``--frame``: its string column in pyarrow's
+buffers, pandas 3's default where pyarrow is installed): the process tree's
 peak PSS over its base while loading.
 
 Each sample reads its name and returns a small tensor (no file is opened),
@@ -12,7 +14,7 @@ after that fork either, or every page of them is held twice. PSS is read
 as in first_epoch.py (its sampler, a process of its own); each system runs
 in a fresh interpreter.
 
-    python benchmarks/file_names.py [--names 1000000] [--repeats 2]
+    python benchmarks/file_names.py [--names 1000000] [--repeats 2] [--frame]
 """
 
 from __future__ import annotations
@@ -52,10 +54,25 @@ class FileNames(tud.Dataset):
         return torch.full((3, 32, 32), len(path), dtype=torch.uint8), target
 
 
-def run_one(method: str | None, names: int) -> None:
+class FileFrame(tud.Dataset):
+    def __init__(self, count: int) -> None:
+        import pandas
+
+        samples = FileNames(count).samples
+        self.frame = pandas.DataFrame(samples, columns=["path", "label"])
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        row = self.frame.iloc[index]
+        return torch.full((3, 32, 32), len(row["path"]), dtype=torch.uint8), int(row["label"])
+
+
+def run_one(method: str | None, names: int, frame: bool) -> None:
     import minato
 
-    dataset = FileNames(names)
+    dataset = FileFrame(names) if frame else FileNames(names)
     sampler = subprocess.Popen(
         [
             sys.executable,
@@ -92,13 +109,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--names", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--frame", action="store_true", help="a pandas DataFrame of them")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        run_one(None if args.one == "-" else args.one, args.names)
+        run_one(None if args.one == "-" else args.one, args.names, args.frame)
         return
+    held = "a DataFrame of (path, label)" if args.frame else "(path, class) tuples"
     print(
-        f"# file_names: {args.names:,} (path, class) tuples held by the dataset, 2 workers, "
+        f"# file_names: {args.names:,} {held} held by the dataset, 2 workers, "
         f"batch 64, {BATCHES} batches, {os.cpu_count()} cores; peak PSS of the process tree "
         "over its base"
     )
@@ -106,7 +125,8 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, method in SYSTEMS.items():
             out = subprocess.run(
-                [sys.executable, __file__, "--names", str(args.names), "--one", method or "-"],
+                [sys.executable, __file__, "--names", str(args.names), "--one", method or "-"]
+                + (["--frame"] if args.frame else []),
                 capture_output=True,
                 text=True,
                 timeout=600,
