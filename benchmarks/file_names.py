@@ -27,6 +27,7 @@ import time
 
 import torch
 import torch.utils.data as tud
+from tree_memory import run_fresh
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BATCHES = 300
@@ -124,14 +125,10 @@ def main() -> None:
     print(f"  {'system':24s} {'time':>8s} {'peak PSS':>10s} {'+ all shm':>10s}")
     for _ in range(args.repeats):
         for name, method in SYSTEMS.items():
-            out = subprocess.run(
-                [sys.executable, __file__, "--names", str(args.names), "--one", method or "-"]
-                + (["--frame"] if args.frame else []),
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=True,
-            ).stdout.split()
+            out = run_fresh(
+                [__file__, "--names", str(args.names), "--one", method or "-"]
+                + (["--frame"] if args.frame else [])
+            ).split()
             how = f"  ({out[3]})" if len(out) > 3 else ""
             print(
                 f"  {name:24s} {float(out[0]):6.2f} s {float(out[1]):+7.0f} MB "

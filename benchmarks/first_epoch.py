@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 
+from tree_memory import run_fresh
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 SYSTEMS = {
@@ -144,9 +146,8 @@ def main() -> None:
             for name, (kind, method, env) in SYSTEMS.items():
                 if args.only and name not in args.only:
                     continue
-                out = subprocess.run(
+                out = run_fresh(
                     [
-                        sys.executable,
                         __file__,
                         "--images",
                         str(args.images),
@@ -159,11 +160,7 @@ def main() -> None:
                         method or "-",
                     ],
                     env=dict(os.environ, **env),
-                    capture_output=True,
-                    text=True,
-                    timeout=600,
-                    check=True,
-                ).stdout.splitlines()
+                ).splitlines()
                 reason = out[1] if len(out) > 1 else ""
                 out = out[0].split()
                 construct, first, rate = float(out[0]), float(out[1]), float(out[2])

@@ -19,6 +19,7 @@ shared memory would count too).
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -76,6 +77,19 @@ def measure(root: int, leave_out: int | None = None) -> tuple[float, float]:
     """(the tree's PSS, its anonymous and file PSS plus the machine's shared memory)."""
     pss, unshared = pss_mib([pid for pid in process_tree(root) if pid != leave_out])
     return pss, unshared + machine_shmem_mib()
+
+
+def run_fresh(args: list[str], env: dict[str, str] | None = None) -> str:
+    """What ``python *args`` prints, run in a fresh interpreter (a script's
+    first loader pays its forks and imports there)."""
+    return subprocess.run(
+        [sys.executable, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
 
 
 def main() -> None:
