@@ -646,6 +646,43 @@ def _run_script(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]
     return run
 
 
+class CountsInPlace(Dataset):
+    """Each worker counts its samples in its dataset's array, in place."""
+
+    def __init__(self) -> None:
+        self.table = np.zeros(1 << 16, dtype=np.int64)  # 512 KiB: in shared memory
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        self.table[0] += 1
+        return int(self.table[0]), os.getpid()
+
+
+def _counts_per_worker(loader: Any) -> dict[int, list[int]]:
+    seen: dict[int, list[int]] = {}
+    for count, pid in loader:
+        seen.setdefault(int(pid), []).append(int(count))
+    return seen
+
+
+def test_a_workers_writes_to_its_datasets_arrays_are_its_own_as_in_torch() -> None:
+    # torch's forked workers write to their own copy of the dataset's pages;
+    # an array copied into shared memory for minato's must be no less private.
+    torch_dataset = CountsInPlace()
+    torch_seen = _counts_per_worker(tud.DataLoader(torch_dataset, batch_size=1, num_workers=2))
+    dataset = CountsInPlace()
+    dataset.table = dataset.table + 0  # made now: copied for the workers, not inherited
+    loader = minato.DataLoader(
+        dataset, batch_size=1, num_workers=2, worker_method="multiprocessing"
+    )
+    seen = _counts_per_worker(loader)
+    for counts in [*torch_seen.values(), *seen.values()]:
+        assert counts == list(range(1, len(counts) + 1)), counts  # each worker counts alone
+    assert dataset.table[0] == torch_dataset.table[0] == 0
+
+
 class _Blob:
     """Pickles its bytes as a ``pickle.PickleBuffer``, as pyarrow's buffers do."""
 

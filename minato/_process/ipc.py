@@ -103,8 +103,11 @@ class SharedBuffer:
 
 
 def _mapped(fd: int, size: int) -> torch.UntypedStorage:
-    """The shared memory behind a received descriptor, as a storage."""
-    mapped = mmap.mmap(fd, size)
+    """The shared memory behind a received descriptor, as a storage of this
+    process's own: mapped privately, so that writes to it (a worker's
+    bookkeeping in its dataset's array) are copied on write and seen here
+    only, as in a forked worker's memory, while reads share the pages."""
+    mapped = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE)
     return torch.frombuffer(mapped, dtype=torch.uint8).untyped_storage()
 
 
