@@ -252,14 +252,16 @@ def test_threads_exit_after_an_exception_in_a_worker() -> None:
 
 
 def test_threads_exit_on_del_loader_with_persistent_workers() -> None:
-    before = os_thread_count()
+    # By thread id: a short-lived thread of an earlier test's (a warm-up, a
+    # trim) may come and go meanwhile; a count read once counted two (CI).
+    before = os_threads()
     loader = minato.DataLoader(
         RangeDataset(20), batch_size=2, num_workers=3, persistent_workers=True, adaptive=False
     )
     next(iter(loader))
-    assert os_thread_count() == before + 3
+    assert len(os_threads() - before) >= 3  # its three workers, kept between epochs
     del loader
-    assert wait_for_thread_count(before) == before
+    assert not threads_left_since(before)
 
 
 def test_threads_exit_when_a_reference_cycle_is_collected() -> None:
