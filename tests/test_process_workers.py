@@ -483,10 +483,12 @@ def test_auto_moves_a_gil_bound_dataset_to_processes() -> None:
     if "no core is spare" in reason:
         return
     assert stats.worker_method == "multiprocessing" or "on processes (" in reason, reason
-    # Two rules see this dataset: its threads wait for the GIL or, where the
-    # ready queue fills first (a loaded machine slows this loop's own share
-    # of the GIL), the loop sets the pace and threads may slow it.
-    assert "GIL" in reason or "sets the pace" in reason, reason
+    # Three rules see this dataset: its threads wait for the GIL; or, where
+    # the ready queue fills first (a loaded machine slows this loop's own
+    # share of the GIL), the loop sets the pace and threads may slow it; or,
+    # where the GIL waits read short (a fresh-clone CI run), its workers
+    # compute, on a CPU for nearly all their fetch time.
+    assert "GIL" in reason or "sets the pace" in reason or "compute" in reason, reason
 
 
 class FewPurePython(PurePython):
