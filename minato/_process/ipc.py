@@ -328,9 +328,8 @@ class _SharingPickler(cloudpickle.Pickler):
             return True
         shared = SharedBuffer(view.nbytes)
         shared.tensor.numpy()[:] = np.frombuffer(view, dtype=np.uint8)
-        self.keep.append(shared)
-        self.fds.append(shared.fd)
-        self.buffers.append((len(self.fds) - 1, view.nbytes, view.readonly))
+        slot = self._slot(id(shared), shared.fd, shared)
+        self.buffers.append((slot, view.nbytes, view.readonly))
         return False
 
     def unwind(self) -> None:
@@ -632,10 +631,8 @@ def _with_buffers(data: bytes, buffers: list[tuple[int, int, bool]]) -> Any:
 
 def _received_buffer(slot: int, size: int, readonly: bool) -> memoryview:
     """A buffer taken out of band, as it was: read-only, or writable with
-    this process's writes its own (a private mapping, copied on write, as a
-    forked worker's memory is)."""
-    mapped = mmap.mmap(_received.fds[slot], size, flags=mmap.MAP_PRIVATE)
-    view = memoryview(mapped)
+    this process's writes its own (see `_mapped`)."""
+    view = memoryview(_received_bytes(slot, size, size))
     return view.toreadonly() if readonly else view
 
 
@@ -671,9 +668,14 @@ def _rebuild_tensor(
     return torch.empty((0,), dtype=dtype).set_(storage, offset, shape, stride)
 
 
-def _rebuild_array(slot: int, size: int, dtype: Any, shape: tuple, nbytes: int) -> np.ndarray:
+def _received_bytes(slot: int, size: int, nbytes: int) -> np.ndarray:
+    """The first `nbytes` of a received descriptor's memory, as bytes."""
     raw = torch.empty((0,), dtype=torch.uint8).set_(_storage(slot, size), 0, (nbytes,))
-    return raw.numpy().view(dtype).reshape(shape)
+    return raw.numpy()
+
+
+def _rebuild_array(slot: int, size: int, dtype: Any, shape: tuple, nbytes: int) -> np.ndarray:
+    return _received_bytes(slot, size, nbytes).view(dtype).reshape(shape)
 
 
 # A ring segment's first use: its descriptor's place among the message's,

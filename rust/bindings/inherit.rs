@@ -94,8 +94,9 @@ fn _scalar_items_bytes(items: &Bound<'_, PyAny>) -> PyResult<i64> {
                 true
             });
         }
-        numbers |= is_number(item);
-        is_number(item)
+        let number = is_number(item);
+        numbers |= number;
+        number
     });
     if scalars != Some(true) {
         return Ok(-1);
