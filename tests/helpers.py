@@ -51,6 +51,14 @@ def threads_left_since(before: set[str], within_s: float = 10.0) -> set[str]:
     return _settled(lambda: os_threads() - before, lambda left: not left, within_s)
 
 
+def threads_started_since(before: set[str], expected: int, within_s: float = 10.0) -> set[str]:
+    """Waits (collecting garbage) until exactly `expected` threads started
+    since `before` run, short-lived ones of earlier tests' gone; returns them."""
+    return _settled(
+        lambda: os_threads() - before, lambda started: len(started) == expected, within_s
+    )
+
+
 def assert_same(a: Any, b: Any, path: str = "batch") -> None:
     """Element-for-element equality of two batches, types included."""
     assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"

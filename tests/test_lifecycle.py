@@ -21,6 +21,7 @@ from helpers import (
     os_thread_count,
     os_threads,
     threads_left_since,
+    threads_started_since,
     wait_for_thread_count,
 )
 
@@ -259,7 +260,7 @@ def test_threads_exit_on_del_loader_with_persistent_workers() -> None:
         RangeDataset(20), batch_size=2, num_workers=3, persistent_workers=True, adaptive=False
     )
     next(iter(loader))
-    assert len(os_threads() - before) >= 3  # its three workers, kept between epochs
+    assert len(threads_started_since(before, 3)) == 3  # its workers, kept between epochs
     del loader
     assert not threads_left_since(before)
 
