@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import time
 
 import torch
 import torch.utils.data as tud
+from first_epoch import TreePeak
 from tree_memory import run_fresh
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 BATCHES = 300
 
 SYSTEMS = {
@@ -74,20 +72,7 @@ def run_one(method: str | None, names: int, frame: bool) -> None:
     import minato
 
     dataset = FileFrame(names) if frame else FileNames(names)
-    sampler = subprocess.Popen(
-        [
-            sys.executable,
-            os.path.join(HERE, "first_epoch.py"),
-            "--sample-pss",
-            str(os.getpid()),
-            "0.05",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert sampler.stdout is not None and sampler.stdin is not None
-    base, base_all = map(float, sampler.stdout.readline().split())
+    peak = TreePeak(0.05)
     started = time.perf_counter()
     if method is None:
         loader = tud.DataLoader(dataset, batch_size=64, shuffle=True, num_workers=2)
@@ -99,11 +84,9 @@ def run_one(method: str | None, names: int, frame: bool) -> None:
         if count == BATCHES:
             break
     elapsed = time.perf_counter() - started
-    sampler.stdin.close()
-    peak, peak_all = map(float, sampler.stdout.readline().split())
-    sampler.wait()
+    pss, pss_all = peak.stop()
     how = loader.stats().worker_method if isinstance(loader, minato.DataLoader) else ""
-    print(f"{elapsed:.2f} {peak - base:.0f} {peak_all - base_all:.0f} {how}")
+    print(f"{elapsed:.2f} {pss:.0f} {pss_all:.0f} {how}")
 
 
 def main() -> None:

@@ -50,6 +50,30 @@ SYSTEMS = {
 }
 
 
+class TreePeak:
+    """The peak PSS of this process's tree over its base, from now until
+    `stop`, and the same with all shared memory counted (see the module's
+    note). Read by a process of its own (`sample_pss`): a thread here would
+    take this process's GIL and CPU from the run (page tables walked)."""
+
+    def __init__(self, interval: float) -> None:
+        self.sampler = subprocess.Popen(
+            [sys.executable, __file__, "--sample-pss", str(os.getpid()), str(interval)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.sampler.stdout is not None
+        self.base, self.base_all = map(float, self.sampler.stdout.readline().split())
+
+    def stop(self) -> tuple[float, float]:
+        assert self.sampler.stdout is not None and self.sampler.stdin is not None
+        self.sampler.stdin.close()
+        peak, peak_all = map(float, self.sampler.stdout.readline().split())
+        self.sampler.wait()
+        return peak - self.base, peak_all - self.base_all
+
+
 def run_one(kind: str, method: str | None, images: int, workers: int, interval: float) -> None:
     sys.path.insert(0, HERE)
     import torch.utils.data as tud
@@ -61,16 +85,7 @@ def run_one(kind: str, method: str | None, images: int, workers: int, interval: 
     options = {} if method is None else {"worker_method": method}
     loader_class = tud.DataLoader if kind == "torch" else minato.DataLoader
 
-    # The tree's PSS is read by a process of its own: a thread here would
-    # take this process's GIL and CPU from the run (page tables walked).
-    sampler = subprocess.Popen(
-        [sys.executable, __file__, "--sample-pss", str(os.getpid()), str(interval)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert sampler.stdout is not None and sampler.stdin is not None
-    base, base_all = map(float, sampler.stdout.readline().split())
+    peak = TreePeak(interval)
     started = time.perf_counter()
     loader = loader_class(
         PilImages(data), batch_size=16, shuffle=True, num_workers=workers, **options
@@ -82,13 +97,11 @@ def run_one(kind: str, method: str | None, images: int, workers: int, interval: 
     for _ in batches:
         pass
     ended = time.perf_counter()
-    sampler.stdin.close()
-    peak, peak_all = map(float, sampler.stdout.readline().split())
-    sampler.wait()
+    pss, pss_all = peak.stop()
     how = loader.stats().worker_method if isinstance(loader, minato.DataLoader) else ""
     print(
         f"{(built - started) * 1e3:.1f} {first - built:.3f} {images / (ended - built):.1f} "
-        f"{peak - base:.0f} {peak_all - base_all:.0f} {how}"
+        f"{pss:.0f} {pss_all:.0f} {how}"
     )
     if isinstance(loader, minato.DataLoader):
         print(loader.stats().worker_method_reason)
