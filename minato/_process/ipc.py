@@ -35,6 +35,7 @@ import os
 import pickle
 import pickletools
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -190,6 +191,17 @@ def open_samples(samples: list[Any]) -> list[Any]:
 arena_writer: ArenaWriter | None = None
 
 
+def _weak_in_band(pickler: _SharingPickler) -> Callable[[pickle.PickleBuffer], bool]:
+    """`pickler._in_band`, called through a weak reference to `pickler`."""
+    owner = weakref.ref(pickler)
+
+    def in_band(buffer: pickle.PickleBuffer) -> bool:
+        alive = owner()
+        return True if alive is None else alive._in_band(buffer)
+
+    return in_band
+
+
 class _SharingPickler(cloudpickle.Pickler):
     """cloudpickle (what ``__main__`` defines goes by value: a worker process
     never imports the training script), with large payloads shared."""
@@ -208,10 +220,15 @@ class _SharingPickler(cloudpickle.Pickler):
         # are unpickled over it: in band, they were copied into the pickle
         # and rebuilt in every worker process (benchmarks/RESULTS.md,
         # session 27).
+        # Through a weak reference: the bound method itself would make the
+        # pickler a cycle (it holds its callback), and its memo would keep
+        # every object it pickled (a worker's samples) until Python's cycle
+        # collector ran, growing the worker's heap (benchmarks/RESULTS.md,
+        # session 28).
         super().__init__(
             file,
             protocol=pickle.HIGHEST_PROTOCOL,
-            buffer_callback=self._in_band if out_of_band and share else None,
+            buffer_callback=_weak_in_band(self) if out_of_band and share else None,
         )
         self.share = share
         # Where each buffer taken out of band went: its descriptor's place
