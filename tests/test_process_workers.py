@@ -788,6 +788,56 @@ def test_a_datasets_arrow_array_reaches_worker_processes_by_shared_memory() -> N
     assert names == [f"image{i * 1000}.jpg" for i in range(64)]
 
 
+class ArrowFrame(Dataset):
+    """A pandas frame whose column pyarrow holds: pickling it copies the
+    column (pandas combines its chunks) in pyarrow's allocator."""
+
+    def __init__(self) -> None:
+        pandas = pytest.importorskip("pandas")
+        pytest.importorskip("pyarrow")
+        names = pandas.array([f"image{i}.jpg" for i in range(100_000)], dtype="string[pyarrow]")
+        self.frame = pandas.DataFrame({"name": names})
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> str:
+        return str(self.frame["name"].iloc[index])
+
+
+def test_pyarrows_freed_copy_of_a_pickled_column_is_given_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pyarrow
+
+    dataset = ArrowFrame()
+    released_on: list[int] = []
+    pool = pyarrow.default_memory_pool()
+
+    class Spy:
+        def release_unused(self) -> None:
+            released_on.append(threading.get_ident())
+            pool.release_unused()
+
+    pickled_on: list[int] = []
+    dumps = _ipc.dumps
+
+    def spec_dumps(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("inherit"):  # a worker's spec
+            pickled_on.append(threading.get_ident())
+        return dumps(obj, *args, **kwargs)
+
+    monkeypatch.setattr(pyarrow, "default_memory_pool", Spy)
+    monkeypatch.setattr(_ipc, "dumps", spec_dumps)
+    loader = minato.DataLoader(
+        dataset, batch_size=4, num_workers=2, worker_method="multiprocessing"
+    )
+    assert [name for batch in loader for name in batch] == [f"image{i}.jpg" for i in range(16)]
+    # mimalloc keeps freed pages per thread: given back by the thread that
+    # pickled the frame (and so freed its copy).
+    assert pickled_on and set(pickled_on) <= set(released_on)
+
+
 def test_shared_memory_held_at_interpreter_exit_closes_quietly(tmp_path: Path) -> None:
     # A script's globals are collected as the interpreter exits, after the
     # modules' own globals may be gone: closing a descriptor must not need them.

@@ -71,7 +71,7 @@ from minato._process.method import WorkerMethod
 from minato._task.error import WorkerError
 from minato._task.failures import SampleFailure, Skipped
 from minato._task.runner import EXHAUSTED, WorkerSpec
-from minato._util.memory import give_back_freed_memory
+from minato._util.memory import give_back_arrow_memory, give_back_freed_memory
 from minato._util.user_code import FORK_QUIET_BOUND_S, out_of_user_code
 
 
@@ -482,6 +482,9 @@ class ProcessWorkers:
                 # Read before a large pickle goes to shared memory.
                 self._modules = _ipc.modules_named(payload)
                 self._payload = _ipc.spill(payload)
+                # What the pickling copied and freed (a pandas column of
+                # pyarrow's), on this thread, which freed it.
+                give_back_arrow_memory()
             return self._payload
 
     def modules(self) -> list[str]:

@@ -12,9 +12,11 @@ session 17): the training thread leaves that to a thread of its own.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
+import sys
 import threading
 from typing import Any
 
@@ -33,6 +35,19 @@ def give_back_freed_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+def give_back_arrow_memory() -> None:
+    """Returns the free pages of pyarrow's allocator (mimalloc or jemalloc,
+    which keep what was freed for later), where pyarrow is loaded. Pickling
+    a pandas column held by pyarrow copies it (pandas' ``__getstate__``
+    combines its chunks), and the copy's pages stay with the allocator once
+    freed (benchmarks/RESULTS.md, session 28). mimalloc keeps them per
+    thread: called from the thread that freed them."""
+    pyarrow = sys.modules.get("pyarrow")
+    if pyarrow is not None:
+        with contextlib.suppress(Exception):  # an old pyarrow, a pool without it
+            pyarrow.default_memory_pool().release_unused()
 
 
 def give_back_freed_memory_soon() -> None:
