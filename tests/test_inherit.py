@@ -258,3 +258,72 @@ def test_scalar_lists_are_sized_as_pythons_loops_would(items: object) -> None:
     else:
         expected = 8 * len(items)  # type: ignore[arg-type]
     assert _list_bytes(items) == expected
+
+
+FRAME = """
+import os
+import pandas, pyarrow, torch, torch.utils.data as tud
+import minato
+from minato._process import inherit, ipc
+
+class Table(tud.Dataset):
+    # A frame as pandas 3 holds one read from a CSV: its strings in pyarrow's
+    # buffers (here in two chunks), its numbers in a numpy block.
+    def __init__(self):
+        names = [f"/data/train/class{i % 100}/image{i}.jpg" for i in range(200_000)]
+        column = pyarrow.chunked_array([names[:120_000], names[120_000:]])
+        self.frame = pandas.DataFrame({
+            "path": pandas.arrays.ArrowStringArray(column),
+            "label": [i % 100 for i in range(200_000)],
+        })
+    def __len__(self):
+        return 256
+    def __getitem__(self, index):
+        row = self.frame.iloc[index * 700]
+        return row["path"], int(row["label"])
+
+def rows(loader):
+    return [(path, int(label)) for paths, labels in loader for path, label in zip(paths, labels)]
+
+dataset = Table()
+loader = minato.DataLoader(dataset, batch_size=32, num_workers=2, worker_method="multiprocessing")
+expected = rows(tud.DataLoader(dataset, batch_size=32))
+"""
+
+
+def test_a_frames_pyarrow_column_is_read_in_place_from_the_fork_servers_memory() -> None:
+    pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    out = run(
+        """
+payload = ipc.dumps(dataset, inherit=True)
+# The column's 8.5 MB went neither into the pickle nor into shared memory
+# (the labels' 1.6 MB may have: their heap pages may have changed since).
+shared = sum(os.fstat(fd).st_size for fd in payload.fds)
+assert shared < 2_000_000 and len(payload.data) < 20_000, (shared, len(payload.data))
+assert rows(loader) == expected
+# Pickled uncombined: the workers' column has the loop's two chunks.
+received = ipc.loads(payload.data, [os.dup(fd) for fd in payload.fds])
+assert received.frame["path"].array._pa_array.num_chunks == 2
+print("ok")
+""",
+        FRAME,
+    )
+    assert out.strip() == "ok"
+
+
+def test_a_column_replaced_after_the_fork_server_is_copied() -> None:
+    pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    out = run(
+        """
+dataset.frame["path"] = dataset.frame["path"].str.upper()  # pyarrow memory of its own
+expected = rows(tud.DataLoader(dataset, batch_size=32))
+assert expected[1][0].startswith("/DATA/")
+assert ipc.dumps(dataset, inherit=True).fds  # the new column, in shared memory
+assert rows(loader) == expected
+print("ok")
+""",
+        FRAME,
+    )
+    assert out.strip() == "ok"

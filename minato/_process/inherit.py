@@ -38,13 +38,22 @@ pickler does not consult ``reducer_override`` for a list, so the substitution
 happens in the reduction of the object that holds it (`owner_reduction`).
 The registry holds such a list strongly (a list takes no weak reference):
 its memory is the fork server's too, which keeps it as long.
+
+A pandas DataFrame's columns go the same way: its numpy blocks as arrays,
+and the buffers of the columns pyarrow holds (pandas 3's strings). pyarrow
+pickles its buffers out of band (minato._process.ipc); one that lies in a
+registered column's memory, unchanged, goes as its registry key and offset
+(`buffer_key_of`), and the worker reads it in place (`inherited_buffer`).
 """
 
 from __future__ import annotations
 
+import copyreg
+import ctypes
 import itertools
 import mmap
 import os
+import sys
 import threading
 import weakref
 from collections import deque
@@ -81,6 +90,11 @@ _lists: dict[int, tuple[Any, tuple[Any, ...], int]] = {}
 _scalar_lists: set[int] = set()
 # The types of the objects that held registered lists (see owner_reduction).
 _owner_types: set[type] = set()
+# id(pyarrow array) -> (a weak reference to it, forks counted when it was
+# registered, the (address, size) of each of its large buffers).
+_arrow: dict[int, tuple[weakref.ref[Any], int, list[tuple[int, int]]]] = {}
+# What a worker process read buffers of: kept, so that they stay alive.
+_held: list[Any] = []
 # Lists longer than this are not inherited.
 MAX_LIST_ITEMS = 10_000_000
 # Lists this long count as large whatever their items.
@@ -148,6 +162,10 @@ def _large_arrays(root: Any, owners: list[tuple[Any, dict[str, Any]]]) -> list[A
         seen.add(id(obj))
         if _memory_of(obj) is not None:
             found.append(obj)
+        elif _is_arrow(obj):
+            found.append(obj)
+        elif (parts := _pandas_parts(obj)) is not None:
+            queue.extend(parts)
         elif isinstance(obj, (list, tuple)):
             queue.extend(itertools.islice(obj, WALK_BUDGET))
         elif isinstance(obj, dict):
@@ -160,6 +178,43 @@ def _large_arrays(root: Any, owners: list[tuple[Any, dict[str, Any]]]) -> list[A
     return found
 
 
+def _is_arrow(obj: Any) -> bool:
+    pyarrow = sys.modules.get("pyarrow")
+    return pyarrow is not None and isinstance(obj, (pyarrow.Array, pyarrow.ChunkedArray))
+
+
+def _pandas_parts(obj: Any) -> list[Any] | None:
+    """What a pandas frame or series holds its columns in (its blocks'
+    values: numpy arrays, or pandas arrays), and the pyarrow array a pandas
+    array of pyarrow's holds; None for anything else."""
+    if type(obj).__module__.partition(".")[0] != "pandas":
+        return None
+    pandas = sys.modules.get("pandas")
+    if pandas is None:
+        return None
+    try:
+        if isinstance(obj, (pandas.DataFrame, pandas.Series)):
+            return [block.values for block in obj._mgr.blocks]
+        if isinstance(obj, pandas.arrays.ArrowExtensionArray):
+            return [obj._pa_array]
+    except AttributeError:  # another pandas' internals: copied, as before
+        return None
+    return None
+
+
+def _arrow_buffers(array: Any) -> list[tuple[int, int]]:
+    """The (address, size) of a pyarrow array's buffers, where they are
+    large in all."""
+    chunks = array.chunks if hasattr(array, "chunks") else [array]
+    buffers = [
+        (buffer.address, buffer.size)
+        for chunk in chunks
+        for buffer in chunk.buffers()
+        if buffer is not None and buffer.is_cpu
+    ]
+    return buffers if sum(size for _, size in buffers) >= MIN_BYTES else []
+
+
 def register(dataset: Any) -> None:
     """Call just before the fork server is forked: the dataset's large
     arrays become ones its workers may take from inherited memory."""
@@ -168,6 +223,13 @@ def register(dataset: Any) -> None:
     with _lock:
         for array in arrays:
             key = id(array)
+            if _is_arrow(array):
+                found = _arrow.get(key)
+                if found is None or found[0]() is not array:
+                    buffers = _arrow_buffers(array)
+                    if buffers:
+                        _arrow[key] = (weakref.ref(array, _forgetter(key, _arrow)), _forks, buffers)
+                continue
             entry = _registry.get(key)
             if entry is None or entry[0]() is not array:
                 _registry[key] = (weakref.ref(array, _forgetter(key)), _forks)
@@ -178,10 +240,12 @@ def register(dataset: Any) -> None:
                     _lists[id(items)] = (items, tuple(items), _forks)
 
 
-def _forgetter(key: int) -> Any:
+def _forgetter(key: int, registry: dict[int, Any] | None = None) -> Any:
     """A weak reference's callback: its registry entry goes with the array."""
     # Held here: at interpreter exit the module's names may be gone first.
-    lock, registry = _lock, _registry
+    lock = _lock
+    if registry is None:
+        registry = _registry
 
     def forget(reference: weakref.ref[Any]) -> None:
         with lock:
@@ -306,3 +370,62 @@ def inherited(key: int) -> Any:
     if found is None:
         raise RuntimeError("minato: a dataset array was not found in the fork server's memory")
     return found
+
+
+def buffer_key_of(view: memoryview) -> tuple[int, int] | None:
+    """The registry key of the pyarrow array whose memory holds `view`, and
+    the view's address, where a worker process finds it unchanged in what
+    its fork server inherited; None where it must be copied."""
+    if not _arrow or view.nbytes == 0:
+        return None
+    start = int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
+    end = start + view.nbytes
+    with _lock:
+        entries = list(_arrow.items())
+    for key, (reference, registered_at, buffers) in entries:
+        for address, size in buffers:
+            if address <= start and end <= address + size:
+                # An array alive holds the buffers it was registered with
+                # (pyarrow's arrays never change).
+                if reference() is None or not _valid(registered_at):
+                    return None
+                if not _pages_unchanged(start, end):
+                    return None
+                return key, start
+    return None
+
+
+def inherited_buffer(key: int, address: int, size: int) -> memoryview:
+    """In a worker process: `size` bytes at `address`, in the memory of the
+    pyarrow array registered under `key`, read-only, in place."""
+    entry = _arrow.get(key)
+    array = None if entry is None else entry[0]()
+    if (
+        entry is None
+        or array is None
+        or not any(
+            start <= address and address + size <= start + length for start, length in entry[2]
+        )
+    ):
+        raise RuntimeError("minato: a dataset column was not found in the fork server's memory")
+    # The array owns the memory: held for this process's life, so that no
+    # view outlives it.
+    _held.append(array)
+    memory = (ctypes.c_char * size).from_address(address)
+    return memoryview(memory).cast("B").toreadonly()
+
+
+def arrow_column_reduction(obj: Any) -> Any:
+    """A pandas column of pyarrow's reduced as it is held, its chunks
+    uncombined (pandas' own ``__getstate__`` combines them into a copy, not
+    the memory the fork server inherited); None for anything else."""
+    if type(obj).__module__.partition(".")[0] != "pandas":
+        return None
+    pandas = sys.modules.get("pandas")
+    arrays = getattr(pandas, "arrays", None)
+    kind = getattr(arrays, "ArrowExtensionArray", None)
+    if kind is None or not isinstance(obj, kind) or id(obj._pa_array) not in _arrow:
+        return None
+    state = dict(obj.__dict__)
+    state["_cache"] = {}  # as pandas pickles it: recomputed
+    return copyreg.__newobj__, (type(obj),), state

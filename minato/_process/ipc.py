@@ -232,8 +232,10 @@ class _SharingPickler(cloudpickle.Pickler):
         )
         self.share = share
         # Where each buffer taken out of band went: its descriptor's place
-        # among the message's, its size, and whether it was read-only.
-        self.buffers: list[tuple[int, int, bool]] = []
+        # among the message's, its size, and whether it was read-only; or,
+        # read in place from the fork server's memory, None, its registry
+        # key, address and size (minato._process.inherit).
+        self.buffers: list[tuple[Any, ...]] = []
         # A spec for worker processes of this process's fork server: arrays
         # they find unchanged in its memory go as keys (minato._process.inherit).
         self.inherits = inherits
@@ -341,7 +343,14 @@ class _SharingPickler(cloudpickle.Pickler):
         """Whether `buffer` stays in the pickle: a small one does; a large
         one is copied into shared memory of its own."""
         view = buffer.raw()
-        if view.nbytes < SHARE_MIN_BYTES or len(self.fds) >= MAX_FDS:
+        if view.nbytes < SHARE_MIN_BYTES:
+            return True
+        if self.inherits:
+            found = inherit.buffer_key_of(view)
+            if found is not None:  # read in place from the fork server's memory
+                self.buffers.append((None, *found, view.nbytes))
+                return False
+        if len(self.fds) >= MAX_FDS:
             return True
         shared = SharedBuffer(view.nbytes)
         shared.tensor.numpy()[:] = np.frombuffer(view, dtype=np.uint8)
@@ -387,6 +396,8 @@ class _SharingPickler(cloudpickle.Pickler):
             return reduce(obj)
         if self.inherits:
             reduced = inherit.owner_reduction(obj, pickle.HIGHEST_PROTOCOL)
+            if reduced is None:
+                reduced = inherit.arrow_column_reduction(obj)
             if reduced is not None:
                 return reduced
         if self.share and len(self.fds) < MAX_FDS:
@@ -635,15 +646,23 @@ class _OutOfBand:
 
     __slots__ = ("data", "buffers")
 
-    def __init__(self, data: bytes, buffers: list[tuple[int, int, bool]]) -> None:
+    def __init__(self, data: bytes, buffers: list[tuple[Any, ...]]) -> None:
         self.data, self.buffers = data, buffers
 
     def __reduce__(self) -> Any:
         return _with_buffers, (self.data, self.buffers)
 
 
-def _with_buffers(data: bytes, buffers: list[tuple[int, int, bool]]) -> Any:
-    return pickle.loads(data, buffers=[_received_buffer(*buffer) for buffer in buffers])
+def _with_buffers(data: bytes, buffers: list[tuple[Any, ...]]) -> Any:
+    return pickle.loads(
+        data,
+        buffers=[
+            inherit.inherited_buffer(*buffer[1:])
+            if buffer[0] is None
+            else _received_buffer(*buffer)
+            for buffer in buffers
+        ],
+    )
 
 
 def _received_buffer(slot: int, size: int, readonly: bool) -> memoryview:
