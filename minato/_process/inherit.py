@@ -42,14 +42,15 @@ its memory is the fork server's too, which keeps it as long.
 A pandas DataFrame's columns go the same way: its numpy blocks as arrays,
 and the buffers of the columns pyarrow holds (pandas 3's strings). pyarrow
 pickles its buffers out of band (minato._process.ipc); one that lies in a
-registered column's memory, unchanged, goes as its registry key and offset
-(`buffer_key_of`), and the worker reads it in place (`inherited_buffer`).
+registered column's memory, unchanged, goes as the column's registry key,
+the buffer's place among its buffers and an offset (`buffer_key_of`), and
+the worker reads it in place through pyarrow's own buffer object
+(`inherited_buffer`).
 """
 
 from __future__ import annotations
 
 import copyreg
-import ctypes
 import itertools
 import mmap
 import os
@@ -91,10 +92,9 @@ _scalar_lists: set[int] = set()
 # The types of the objects that held registered lists (see owner_reduction).
 _owner_types: set[type] = set()
 # id(pyarrow array) -> (a weak reference to it, forks counted when it was
-# registered, the (address, size) of each of its large buffers).
+# registered, the (address, size) of each of its buffers, in order).
 _arrow: dict[int, tuple[weakref.ref[Any], int, list[tuple[int, int]]]] = {}
-# What a worker process read buffers of: kept, so that they stay alive.
-_held: list[Any] = []
+
 # Lists longer than this are not inherited.
 MAX_LIST_ITEMS = 10_000_000
 # Lists this long count as large whatever their items.
@@ -202,17 +202,15 @@ def _pandas_parts(obj: Any) -> list[Any] | None:
     return None
 
 
-def _arrow_buffers(array: Any) -> list[tuple[int, int]]:
-    """The (address, size) of a pyarrow array's buffers, where they are
-    large in all."""
+def _arrow_buffers(array: Any) -> list[Any]:
+    """A pyarrow array's buffers in memory, in a fixed order."""
     chunks = array.chunks if hasattr(array, "chunks") else [array]
-    buffers = [
-        (buffer.address, buffer.size)
+    return [
+        buffer
         for chunk in chunks
         for buffer in chunk.buffers()
         if buffer is not None and buffer.is_cpu
     ]
-    return buffers if sum(size for _, size in buffers) >= MIN_BYTES else []
 
 
 def register(dataset: Any) -> None:
@@ -226,9 +224,10 @@ def register(dataset: Any) -> None:
             if _is_arrow(array):
                 found = _arrow.get(key)
                 if found is None or found[0]() is not array:
-                    buffers = _arrow_buffers(array)
-                    if buffers:
-                        _arrow[key] = (weakref.ref(array, _forgetter(key, _arrow)), _forks, buffers)
+                    ranges = [(buffer.address, buffer.size) for buffer in _arrow_buffers(array)]
+                    if sum(size for _, size in ranges) >= MIN_BYTES:
+                        reference = weakref.ref(array, _forgetter(key, _arrow))
+                        _arrow[key] = (reference, _forks, ranges)
                 continue
             entry = _registry.get(key)
             if entry is None or entry[0]() is not array:
@@ -372,18 +371,19 @@ def inherited(key: int) -> Any:
     return found
 
 
-def buffer_key_of(view: memoryview) -> tuple[int, int] | None:
-    """The registry key of the pyarrow array whose memory holds `view`, and
-    the view's address, where a worker process finds it unchanged in what
-    its fork server inherited; None where it must be copied."""
+def buffer_key_of(view: memoryview) -> tuple[int, int, int] | None:
+    """Where a worker process finds `view` unchanged in the memory its fork
+    server inherited: the registry key of the pyarrow array whose buffer
+    holds it, that buffer's place among the array's, and the view's offset
+    in it; None where it must be copied."""
     if not _arrow or view.nbytes == 0:
         return None
     start = int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
     end = start + view.nbytes
     with _lock:
         entries = list(_arrow.items())
-    for key, (reference, registered_at, buffers) in entries:
-        for address, size in buffers:
+    for key, (reference, registered_at, ranges) in entries:
+        for index, (address, size) in enumerate(ranges):
             if address <= start and end <= address + size:
                 # An array alive holds the buffers it was registered with
                 # (pyarrow's arrays never change).
@@ -391,28 +391,26 @@ def buffer_key_of(view: memoryview) -> tuple[int, int] | None:
                     return None
                 if not _pages_unchanged(start, end):
                     return None
-                return key, start
+                return key, index, start - address
     return None
 
 
-def inherited_buffer(key: int, address: int, size: int) -> memoryview:
-    """In a worker process: `size` bytes at `address`, in the memory of the
-    pyarrow array registered under `key`, read-only, in place."""
+# A worker process's buffers of each registered array (`inherited_buffer`),
+# with the array.
+_buffers_of: dict[int, tuple[Any, list[Any]]] = {}
+
+
+def inherited_buffer(key: int, index: int, offset: int, size: int) -> memoryview:
+    """In a worker process: `size` bytes from `offset` of buffer `index` of
+    the pyarrow array registered under `key`, read-only, in place."""
     entry = _arrow.get(key)
     array = None if entry is None else entry[0]()
-    if (
-        entry is None
-        or array is None
-        or not any(
-            start <= address and address + size <= start + length for start, length in entry[2]
-        )
-    ):
+    if array is None:
         raise RuntimeError("minato: a dataset column was not found in the fork server's memory")
-    # The array owns the memory: held for this process's life, so that no
-    # view outlives it.
-    _held.append(array)
-    memory = (ctypes.c_char * size).from_address(address)
-    return memoryview(memory).cast("B").toreadonly()
+    cached = _buffers_of.get(key)
+    if cached is None or cached[0] is not array:
+        cached = _buffers_of[key] = (array, _arrow_buffers(array))
+    return memoryview(cached[1][index])[offset : offset + size].toreadonly()
 
 
 def arrow_column_reduction(obj: Any) -> Any:
