@@ -96,6 +96,36 @@ print("ok")
     assert out.strip() == "ok"
 
 
+def test_an_array_of_objects_is_never_taken_from_inherited_memory() -> None:
+    boxes = """
+import numpy as np, torch.utils.data as tud
+import minato
+from minato._process import inherit
+
+class Boxes(tud.Dataset):
+    def __init__(self):
+        self.boxes = np.empty(200_000, dtype=object)  # 1.6 MB of references to lists
+        self.boxes[:] = [[i] for i in range(len(self.boxes))]
+    def __len__(self):
+        return 8
+    def __getitem__(self, index):
+        return self.boxes[index][0]
+
+dataset = Boxes()
+loader = minato.DataLoader(dataset, batch_size=4, num_workers=2, worker_method="multiprocessing")
+"""
+    out = run(
+        """
+dataset.boxes[3][0] = -3  # an item changed in place, the array's own memory untouched
+assert inherit.key_of(dataset.boxes) is None
+assert [int(x) for batch in loader for x in batch] == [0, 1, 2, -3, 4, 5, 6, 7]
+print("ok")
+""",
+        boxes,
+    )
+    assert out.strip() == "ok"
+
+
 def test_the_registry_does_not_keep_arrays_alive() -> None:
     out = run("""
 import gc, weakref

@@ -113,8 +113,11 @@ os.register_at_fork(after_in_parent=_count_fork)
 
 
 def _memory_of(obj: Any) -> tuple[int, int] | None:
-    """The address range of a large array's or CPU tensor's memory."""
-    if type(obj) is np.ndarray and obj.nbytes >= MIN_BYTES:
+    """The address range of a large array's or CPU tensor's memory. Not an
+    array of Python objects: its memory holds only references, and an item
+    changed in place since the fork (a list of boxes, say) would reach the
+    workers as the fork server has it, stale."""
+    if type(obj) is np.ndarray and obj.nbytes >= MIN_BYTES and not obj.dtype.hasobject:
         low, high = byte_bounds(obj)
         return int(low), int(high)
     if type(obj) is torch.Tensor and obj.device.type == "cpu" and obj.nbytes >= MIN_BYTES:
