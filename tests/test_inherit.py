@@ -60,15 +60,62 @@ print("ok")
     assert out.strip() == "ok"
 
 
-def test_an_array_changed_in_place_since_is_copied() -> None:
+def test_an_array_changed_in_place_since_goes_with_its_changed_pages() -> None:
     out = run("""
-dataset.data[100, 0] = -7  # after the fork server was forked
-assert inherit.key_of(dataset.data) is None
-assert inherit.key_of(dataset.labels) is not None
-assert ipc.dumps(dataset, inherit=True).fds  # the changed one, in shared memory
-assert firsts(loader)[100] == -7  # what the workers see is what the loop has
+dataset.data[100, 0] = -7  # after the fork server was forked: one page of 2,048
+dataset.labels[5 * 256] = -5  # and one of the tensor's
+assert inherit.key_of(dataset.data) is None and inherit.key_of(dataset.labels) is None
+payload = ipc.dumps(dataset, inherit=True)
+# Neither copied: each goes as its key and its changed page's bytes.
+assert not payload.fds and len(payload.data) < 20_000, (len(payload.fds), len(payload.data))
+got = firsts(loader)
+assert got[100] == -7 and got[101] == 100 * 512 + 512  # what the workers see is what the loop has
+assert [int(labels) for _, batch in loader for labels in batch][5] == -5
+assert dataset.data[100, 0] == -7  # the loop's own array untouched by the workers' patch
 print("ok")
 """)
+    assert out.strip() == "ok"
+
+
+def test_an_array_mostly_changed_since_is_copied() -> None:
+    out = run("""
+dataset.data += 1  # in place, every page
+payload = ipc.dumps(dataset, inherit=True)
+assert len(payload.fds) == 1  # the array, in shared memory; the tensor inherited
+assert firsts(loader) == [int(row[0]) for row in dataset.data]
+print("ok")
+""")
+    assert out.strip() == "ok"
+
+
+def test_a_read_only_array_with_a_changed_page_is_copied() -> None:
+    frozen = """
+import numpy as np, torch.utils.data as tud
+import minato
+from minato._process import inherit, ipc
+
+class Frozen(tud.Dataset):
+    def __init__(self, base):
+        self.frozen = base[:]  # a read-only view of a writable array
+        self.frozen.flags.writeable = False
+    def __len__(self):
+        return 4
+    def __getitem__(self, index):
+        return int(self.frozen[index * 1000])
+
+base = np.arange(1 << 18, dtype=np.int64)  # 2 MiB
+dataset = Frozen(base)
+loader = minato.DataLoader(dataset, batch_size=4, num_workers=2, worker_method="multiprocessing")
+"""
+    out = run(
+        """
+base[1000] = -1  # one page, under the read-only view: the worker could not patch it
+assert inherit.reduction_of(dataset.frozen) is None
+assert [int(x) for batch in loader for x in batch] == [0, -1, 2000, 3000]
+print("ok")
+""",
+        frozen,
+    )
     assert out.strip() == "ok"
 
 

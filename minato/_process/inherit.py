@@ -27,8 +27,13 @@ server inherited:
   the fork, which would have copied it, or never touched (neither present nor
   swapped: zero on both sides).
 
-Anything else (an array changed in place, swapped out, a kernel without
-pagemap, a fork server started as a fresh interpreter) is copied, as before.
+An array with a few pages changed since (written in place, or sharing its
+first or last page with other memory of the heap that was written) goes as
+its key and those pages' current bytes (`reduction_of`): the worker writes
+them into its own copy-on-write view of the inherited array
+(`inherited_patched`). Anything else (most of an array changed, memory
+swapped out, a kernel without pagemap, a fork server started as a fresh
+interpreter) is copied, as before.
 
 A dataset attribute that is a list (or tuple) of bytes, strings or numbers,
 large in all (JPEGs held in memory, a million file names), goes the same
@@ -264,7 +269,10 @@ def server_forked() -> None:
     _server_forked_at = _forks
 
 
-def _pages_unchanged(start: int, end: int) -> bool:
+def _changed_pages(start: int, end: int) -> np.ndarray | None:
+    """The pages of [start, end) this process wrote since its last fork
+    (present and exclusively mapped), numbered from the first; None where
+    one is swapped out or the page map cannot be read."""
     page = mmap.PAGESIZE
     first, last = start // page, (end - 1) // page
     try:
@@ -272,14 +280,18 @@ def _pages_unchanged(start: int, end: int) -> bool:
             pagemap.seek(first * 8)
             data = pagemap.read((last - first + 1) * 8)
     except OSError:
-        return False
+        return None
     if len(data) != (last - first + 1) * 8:
-        return False
+        return None
     entries = np.frombuffer(data, dtype=np.uint64)
-    present = (entries & _PRESENT) != 0
     if np.any((entries & _SWAPPED) != 0):
-        return False
-    return not np.any(present & ((entries & _EXCLUSIVE) != 0))
+        return None
+    return np.flatnonzero(((entries & _PRESENT) != 0) & ((entries & _EXCLUSIVE) != 0))
+
+
+def _pages_unchanged(start: int, end: int) -> bool:
+    changed = _changed_pages(start, end)
+    return changed is not None and len(changed) == 0
 
 
 def _valid(registered_at: int) -> bool:
@@ -353,7 +365,8 @@ def inherited_list(key: int) -> Any:
 
 def key_of(obj: Any) -> int | None:
     """The registry key a worker process finds `obj` under, unchanged, in
-    the memory its fork server inherited; None where it must be copied."""
+    the memory its fork server inherited; None where it must be copied or
+    patched (`reduction_of`)."""
     entry = _registry.get(id(obj))
     if entry is None or entry[0]() is not obj:
         return None
@@ -363,6 +376,68 @@ def key_of(obj: Any) -> int | None:
     if memory is None or not _pages_unchanged(*memory):
         return None
     return id(obj)
+
+
+# An array with more than this share of its pages changed is copied whole.
+MAX_CHANGED_SHARE = 0.25
+
+
+def reduction_of(obj: Any) -> Any:
+    """How a registered array goes to a worker process: its key, with the
+    bytes of the pages changed since the fork server's fork where there are
+    a few; None where it must be copied."""
+    entry = _registry.get(id(obj))
+    if entry is None or entry[0]() is not obj or not _valid(entry[1]):
+        return None
+    memory = _memory_of(obj)
+    if memory is None:
+        return None
+    start, end = memory
+    changed = _changed_pages(start, end)
+    if changed is None:
+        return None
+    if not len(changed):
+        return inherited, (id(obj),)
+    # Writable here as in the worker, which writes the patches.
+    raw = _raw_bytes(obj, writable=True)
+    page = mmap.PAGESIZE
+    pages = (end - 1) // page - start // page + 1
+    if raw is None or len(changed) > MAX_CHANGED_SHARE * pages:
+        return None
+    patches = []
+    origin = start // page * page
+    for run in np.split(changed, np.flatnonzero(np.diff(changed) != 1) + 1):
+        low = max(start, origin + int(run[0]) * page)
+        high = min(end, origin + (int(run[-1]) + 1) * page)
+        patches.append((low - start, raw[low - start : high - start].tobytes()))
+    return inherited_patched, (id(obj), patches)
+
+
+def _raw_bytes(obj: Any, writable: bool = False) -> np.ndarray | None:
+    """The bytes `_memory_of(obj)` spans, as a flat uint8 array over them;
+    None where they are not one plain run of the object's own memory (a
+    strided view), or, with `writable`, cannot be written."""
+    if type(obj) is np.ndarray:
+        if not obj.flags.c_contiguous or (writable and not obj.flags.writeable):
+            return None
+        return obj.reshape(-1).view(np.uint8)
+    storage = obj.untyped_storage()
+    flat = torch.empty((0,), dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
+    return flat.numpy()
+
+
+def inherited_patched(key: int, patches: list[tuple[int, bytes]]) -> Any:
+    """In a worker process: the object registered under `key`, with the
+    bytes the training process changed since written over this process's
+    copy of them (copy-on-write: the fork server's and other workers' stay
+    as they are)."""
+    found = inherited(key)
+    raw = _raw_bytes(found, writable=True)
+    if raw is None:
+        raise RuntimeError("minato: a dataset array in the fork server's memory cannot be updated")
+    for offset, data in patches:
+        raw[offset : offset + len(data)] = np.frombuffer(data, dtype=np.uint8)
+    return found
 
 
 def inherited(key: int) -> Any:

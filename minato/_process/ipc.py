@@ -377,9 +377,9 @@ class _SharingPickler(cloudpickle.Pickler):
             args = (len(self.fds) - 1, obj.arena, obj.size, obj.places, obj.leaf_bytes)
             return _map_arena, args
         if self.inherits and kind in (torch.Tensor, np.ndarray):
-            key = inherit.key_of(obj)
-            if key is not None:
-                return inherit.inherited, (key,)
+            reduced = inherit.reduction_of(obj)
+            if reduced is not None:
+                return reduced
         # Exact types: subclasses (nn.Parameter, masked arrays) keep their own pickling.
         if type(obj) is torch.Tensor and _plain_tensor(obj):
             # A tensor already in shared memory stays shared, however small:
