@@ -94,6 +94,8 @@ _registry: dict[int, tuple[weakref.ref[Any], int]] = {}
 # registered); and the lists whose items were found to be scalars.
 _lists: dict[int, tuple[Any, tuple[Any, ...], int]] = {}
 _scalar_lists: set[int] = set()
+# The registered arrays of Python objects found to hold only scalars.
+_scalar_objects: set[int] = set()
 # The types of the objects that held registered lists (see owner_reduction).
 _owner_types: set[type] = set()
 # id(pyarrow array) -> (a weak reference to it, forks counted when it was
@@ -117,12 +119,13 @@ def _count_fork() -> None:
 os.register_at_fork(after_in_parent=_count_fork)
 
 
-def _memory_of(obj: Any) -> tuple[int, int] | None:
+def _memory_of(obj: Any, objects: bool = False) -> tuple[int, int] | None:
     """The address range of a large array's or CPU tensor's memory. Not an
-    array of Python objects: its memory holds only references, and an item
-    changed in place since the fork (a list of boxes, say) would reach the
-    workers as the fork server has it, stale."""
-    if type(obj) is np.ndarray and obj.nbytes >= MIN_BYTES and not obj.dtype.hasobject:
+    array of Python objects unless `objects` (its items were found to be
+    scalars, see `_scalar_objects`): its memory holds only references, and
+    an item changed in place since the fork (a list of boxes, say) would
+    reach the workers as the fork server has it, stale."""
+    if type(obj) is np.ndarray and obj.nbytes >= MIN_BYTES and (objects or not obj.dtype.hasobject):
         low, high = byte_bounds(obj)
         return int(low), int(high)
     if type(obj) is torch.Tensor and obj.device.type == "cpu" and obj.nbytes >= MIN_BYTES:
@@ -168,7 +171,7 @@ def _large_arrays(root: Any, owners: list[tuple[Any, dict[str, Any]]]) -> list[A
         if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
             continue
         seen.add(id(obj))
-        if _memory_of(obj) is not None:
+        if _memory_of(obj, objects=True) is not None:
             found.append(obj)
         elif _is_arrow(obj):
             found.append(obj)
@@ -237,6 +240,14 @@ def register(dataset: Any) -> None:
                         reference = weakref.ref(array, _forgetter(key, _arrow))
                         _arrow[key] = (reference, _forks, ranges)
                 continue
+            if type(array) is np.ndarray and array.dtype.hasobject:
+                # Checked here, before the fork: the loop writes each
+                # item's reference count, which after it would copy pages.
+                if not _holds_scalars(array):
+                    continue
+                _scalar_objects.add(key)
+            else:
+                _scalar_objects.discard(key)
             entry = _registry.get(key)
             if entry is None or entry[0]() is not array:
                 _registry[key] = (weakref.ref(array, _forgetter(key)), _forks)
@@ -245,6 +256,19 @@ def register(dataset: Any) -> None:
             for items in lists.values():
                 if id(items) not in _lists or _lists[id(items)][0] is not items:
                     _lists[id(items)] = (items, tuple(items), _forks)
+
+
+# Scalar types whose objects never change: an array of such objects held at
+# unchanged addresses holds what it held at the fork.
+_SCALARS = (str, bytes, int, float, bool, type(None))
+
+
+def _holds_scalars(array: np.ndarray) -> bool:
+    """Whether an array of Python objects holds only scalars (a column of
+    strings as pandas 2 holds it), and is one plain run of references."""
+    return array.flags.c_contiguous and all(
+        type(item) in _SCALARS for item in array.reshape(-1).tolist()
+    )
 
 
 def _forgetter(key: int, registry: dict[int, Any] | None = None) -> Any:
@@ -372,7 +396,7 @@ def key_of(obj: Any) -> int | None:
         return None
     if not _valid(entry[1]):
         return None
-    memory = _memory_of(obj)
+    memory = _memory_of(obj, id(obj) in _scalar_objects)
     if memory is None or not _pages_unchanged(*memory):
         return None
     return id(obj)
@@ -389,7 +413,8 @@ def reduction_of(obj: Any) -> Any:
     entry = _registry.get(id(obj))
     if entry is None or entry[0]() is not obj or not _valid(entry[1]):
         return None
-    memory = _memory_of(obj)
+    objects = id(obj) in _scalar_objects
+    memory = _memory_of(obj, objects)
     if memory is None:
         return None
     start, end = memory
@@ -398,6 +423,8 @@ def reduction_of(obj: Any) -> Any:
         return None
     if not len(changed):
         return inherited, (id(obj),)
+    if objects:  # new references, to objects the fork server never had
+        return None
     # Writable here as in the worker, which writes the patches.
     raw = _raw_bytes(obj, writable=True)
     page = mmap.PAGESIZE
