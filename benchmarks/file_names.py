@@ -1,7 +1,8 @@
 """A dataset that holds a million file names, as torchvision's ImageFolder
 holds its ``samples`` (a list of (path, class) tuples), or as a pandas
 DataFrame of paths and labels (``--frame``: its string column in pyarrow's
-buffers, pandas 3's default where pyarrow is installed): the process tree's
+buffers, pandas 3's default where pyarrow is installed; ``--frame objects``:
+Python strings in an object column, as pandas 2 holds them): the process tree's
 peak PSS over its base while loading.
 
 Each sample reads its name and returns a small tensor (no file is opened),
@@ -14,7 +15,7 @@ after that fork either, or every page of them is held twice. PSS is read
 as in first_epoch.py (its sampler, a process of its own); each system runs
 in a fresh interpreter.
 
-    python benchmarks/file_names.py [--names 1000000] [--repeats 2] [--frame]
+    python benchmarks/file_names.py [--names 1000000] [--repeats 2] [--frame [objects]]
 """
 
 from __future__ import annotations
@@ -54,11 +55,13 @@ class FileNames(tud.Dataset):
 
 
 class FileFrame(tud.Dataset):
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, objects: bool = False) -> None:
         import pandas
 
         samples = FileNames(count).samples
         self.frame = pandas.DataFrame(samples, columns=["path", "label"])
+        if objects:  # the strings as Python objects, as pandas 2 holds them
+            self.frame["path"] = self.frame["path"].astype(object)
 
     def __len__(self) -> int:
         return len(self.frame)
@@ -68,10 +71,10 @@ class FileFrame(tud.Dataset):
         return torch.full((3, 32, 32), len(row["path"]), dtype=torch.uint8), int(row["label"])
 
 
-def run_one(method: str | None, names: int, frame: bool) -> None:
+def run_one(method: str | None, names: int, frame: str | None) -> None:
     import minato
 
-    dataset = FileFrame(names) if frame else FileNames(names)
+    dataset = FileFrame(names, frame == "objects") if frame else FileNames(names)
     peak = TreePeak(0.05)
     started = time.perf_counter()
     if method is None:
@@ -93,13 +96,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--names", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--frame", action="store_true", help="a pandas DataFrame of them")
+    parser.add_argument(
+        "--frame",
+        nargs="?",
+        const="pyarrow",
+        choices=["pyarrow", "objects"],
+        help="a pandas DataFrame of them, its strings in pyarrow's buffers or Python objects",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         run_one(None if args.one == "-" else args.one, args.names, args.frame)
         return
-    held = "a DataFrame of (path, label)" if args.frame else "(path, class) tuples"
+    held = f"a DataFrame of (path, label), {args.frame}" if args.frame else "(path, class) tuples"
     print(
         f"# file_names: {args.names:,} {held} held by the dataset, 2 workers, "
         f"batch 64, {BATCHES} batches, {os.cpu_count()} cores; peak PSS of the process tree "
@@ -110,7 +119,7 @@ def main() -> None:
         for name, method in SYSTEMS.items():
             out = run_fresh(
                 [__file__, "--names", str(args.names), "--one", method or "-"]
-                + (["--frame"] if args.frame else [])
+                + (["--frame", args.frame] if args.frame else [])
             ).split()
             how = f"  ({out[3]})" if len(out) > 3 else ""
             print(

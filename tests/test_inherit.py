@@ -206,6 +206,41 @@ print("ok")
     assert out.strip() == "ok"
 
 
+def test_an_array_of_strings_whose_edge_page_changed_beside_it_is_still_inherited() -> None:
+    names = """
+import numpy as np, torch.utils.data as tud
+import minato
+from minato._process import inherit, ipc
+
+base = np.array([f"image{i}.jpg" for i in range(200_100)], dtype=object)
+
+class Names(tud.Dataset):
+    def __init__(self):
+        self.names = base[50:-50]  # its first and last pages shared with the rest of base
+    def __len__(self):
+        return 8
+    def __getitem__(self, index):
+        return self.names[index * 1000]
+
+dataset = Names()
+loader = minato.DataLoader(dataset, batch_size=4, num_workers=2, worker_method="multiprocessing")
+"""
+    out = run(
+        """
+base[0] = base[-1] = "beside.jpg"  # written on its edge pages, not in it
+assert inherit.key_of(dataset.names) is None  # pages changed...
+assert inherit.reduction_of(dataset.names)[0] is inherit.inherited  # ...but not its references
+assert [name for batch in loader for name in batch][1] == "image1050.jpg"
+base[50] = "first.jpg"  # now in it
+assert inherit.reduction_of(dataset.names) is None
+assert [name for batch in loader for name in batch][0] == "first.jpg"
+print("ok")
+""",
+        names,
+    )
+    assert out.strip() == "ok"
+
+
 def test_the_registry_does_not_keep_arrays_alive() -> None:
     out = run("""
 import gc, weakref

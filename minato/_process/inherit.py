@@ -94,8 +94,10 @@ _registry: dict[int, tuple[weakref.ref[Any], int]] = {}
 # registered); and the lists whose items were found to be scalars.
 _lists: dict[int, tuple[Any, tuple[Any, ...], int]] = {}
 _scalar_lists: set[int] = set()
-# The registered arrays of Python objects found to hold only scalars.
-_scalar_objects: set[int] = set()
+# The registered arrays of Python objects found to hold only scalars, with
+# the references on their first and last pages when registered (see
+# `_edges_unchanged`).
+_scalar_objects: dict[int, tuple[bytes, bytes]] = {}
 # The types of the objects that held registered lists (see owner_reduction).
 _owner_types: set[type] = set()
 # id(pyarrow array) -> (a weak reference to it, forks counted when it was
@@ -245,9 +247,9 @@ def register(dataset: Any) -> None:
                 # item's reference count, which after it would copy pages.
                 if not _holds_scalars(array):
                     continue
-                _scalar_objects.add(key)
+                _scalar_objects[key] = _edges(array)
             else:
-                _scalar_objects.discard(key)
+                _scalar_objects.pop(key, None)
             entry = _registry.get(key)
             if entry is None or entry[0]() is not array:
                 _registry[key] = (weakref.ref(array, _forgetter(key)), _forks)
@@ -269,6 +271,27 @@ def _holds_scalars(array: np.ndarray) -> bool:
     return array.flags.c_contiguous and all(
         type(item) in _SCALARS for item in array.reshape(-1).tolist()
     )
+
+
+def _edges(array: np.ndarray) -> tuple[bytes, bytes]:
+    """The bytes of `array` on its first and on its last page."""
+    raw = memoryview(array.reshape(-1)).cast("B")  # numpy will not view references as bytes
+    page = mmap.PAGESIZE
+    start = int(array.__array_interface__["data"][0])
+    first = page - start % page
+    last = (start + len(raw)) % page or page
+    return bytes(raw[:first]), bytes(raw[-last:])
+
+
+def _edges_unchanged(array: np.ndarray, changed: np.ndarray) -> bool:
+    """Whether the pages of `array` changed since the fork are only its
+    first and last, holding the bytes they held when registered."""
+    page = mmap.PAGESIZE
+    start = int(array.__array_interface__["data"][0])
+    last_page = (start + array.nbytes - 1) // page - start // page
+    if not set(changed.tolist()) <= {0, last_page}:
+        return False
+    return _edges(array) == _scalar_objects.get(id(array))
 
 
 def _forgetter(key: int, registry: dict[int, Any] | None = None) -> Any:
@@ -423,8 +446,13 @@ def reduction_of(obj: Any) -> Any:
         return None
     if not len(changed):
         return inherited, (id(obj),)
-    if objects:  # new references, to objects the fork server never had
-        return None
+    if objects:
+        # Changed references would point to objects the fork server never
+        # had; but a first or last page also holds other memory of the heap,
+        # whose writes copy it with the references unchanged.
+        if not _edges_unchanged(obj, changed):
+            return None
+        return inherited, (id(obj),)
     # Writable here as in the worker, which writes the patches.
     raw = _raw_bytes(obj, writable=True)
     page = mmap.PAGESIZE
