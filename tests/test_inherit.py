@@ -119,6 +119,36 @@ print("ok")
     assert out.strip() == "ok"
 
 
+def test_an_array_in_shared_memory_with_a_changed_page_is_never_patched() -> None:
+    out = run("""
+buffer = ipc.SharedBuffer(1 << 21)  # 2 MiB of shared memory, no page touched yet
+shared = buffer.tensor.view(torch.int64)
+import mmap
+anonymous = mmap.mmap(-1, 1 << 21, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+private = np.frombuffer(anonymous, dtype=np.int64)  # private, no page touched yet
+
+class Both(tud.Dataset):
+    def __init__(self):
+        self.shared, self.private = shared, private
+    def __len__(self):
+        return 4
+    def __getitem__(self, index):
+        return int(self.shared[index * 1000]) + int(self.private[index * 1000])
+
+inherit.register(Both())
+inherit._count_fork()  # as if the fork server were forked now, after registering
+inherit.server_forked()
+shared[1000] = 7  # one page each, this process's alone
+private[1000] = 7
+assert len(inherit._changed_pages(*inherit._memory_of(shared))) == 1
+assert inherit.reduction_of(private)[0] is inherit.inherited_patched
+# A patch would be written into memory every process mapping it shares.
+assert inherit.reduction_of(shared) is None
+print("ok")
+""")
+    assert out.strip() == "ok"
+
+
 def test_after_another_fork_nothing_is_taken_from_inherited_memory() -> None:
     out = run("""
 pid = os.fork()

@@ -85,6 +85,7 @@ except ImportError:  # numpy 1
 
 _PRESENT = np.uint64(1 << 63)
 _SWAPPED = np.uint64(1 << 62)
+_FILE_OR_SHARED = np.uint64(1 << 61)
 _EXCLUSIVE = np.uint64(1 << 56)
 
 _lock = threading.Lock()
@@ -316,10 +317,12 @@ def server_forked() -> None:
     _server_forked_at = _forks
 
 
-def _changed_pages(start: int, end: int) -> np.ndarray | None:
+def _changed_pages(start: int, end: int, private: bool = False) -> np.ndarray | None:
     """The pages of [start, end) this process wrote since its last fork
     (present and exclusively mapped), numbered from the first; None where
-    one is swapped out or the page map cannot be read."""
+    one is swapped out or the page map cannot be read, or, with `private`,
+    where one is a file's or shared memory's (written there, a patch would
+    reach every process that maps it)."""
     page = mmap.PAGESIZE
     first, last = start // page, (end - 1) // page
     try:
@@ -332,6 +335,8 @@ def _changed_pages(start: int, end: int) -> np.ndarray | None:
         return None
     entries = np.frombuffer(data, dtype=np.uint64)
     if np.any((entries & _SWAPPED) != 0):
+        return None
+    if private and np.any((entries & _FILE_OR_SHARED) != 0):
         return None
     return np.flatnonzero(((entries & _PRESENT) != 0) & ((entries & _EXCLUSIVE) != 0))
 
@@ -453,11 +458,14 @@ def reduction_of(obj: Any) -> Any:
         if not _edges_unchanged(obj, changed):
             return None
         return inherited, (id(obj),)
-    # Writable here as in the worker, which writes the patches.
+    # Writable here as in the worker, which writes the patches, and private
+    # memory, which its writes leave its own.
     raw = _raw_bytes(obj, writable=True)
+    if raw is None or _changed_pages(start, end, private=True) is None:
+        return None
     page = mmap.PAGESIZE
     pages = (end - 1) // page - start // page + 1
-    if raw is None or len(changed) > MAX_CHANGED_SHARE * pages:
+    if len(changed) > MAX_CHANGED_SHARE * pages:
         return None
     patches = []
     origin = start // page * page
