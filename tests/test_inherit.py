@@ -203,58 +203,44 @@ print("ok")
     assert out.strip() == "ok"
 
 
-def test_an_array_of_strings_is_taken_from_inherited_memory_unless_changed() -> None:
-    names = """
+NAMES = """
 import numpy as np, torch.utils.data as tud
 import minato
 from minato._process import inherit, ipc
 
+# A column of strings as pandas 2 holds it: 1.6 MB of references.
+base = np.array([f"image{i}.jpg" for i in range(200_100)], dtype=object)
+
 class Names(tud.Dataset):
-    def __init__(self):
-        # A column of strings as pandas 2 holds it: 1.6 MB of references.
-        self.names = np.array([f"image{i}.jpg" for i in range(200_000)], dtype=object)
+    def __init__(self, names):
+        self.names = names
     def __len__(self):
         return 8
     def __getitem__(self, index):
         return self.names[index * 1000]
 
-dataset = Names()
+dataset = Names(NAMES)
 loader = minato.DataLoader(dataset, batch_size=4, num_workers=2, worker_method="multiprocessing")
 """
+
+
+def test_an_array_of_strings_is_taken_from_inherited_memory_unless_changed() -> None:
     out = run(
         """
 payload = ipc.dumps(dataset, inherit=True)
-assert inherit.key_of(dataset.names) is not None and len(payload.data) < 10_000
+assert inherit.reduction_of(dataset.names)[0] is inherit.inherited and len(payload.data) < 10_000
 assert [name for batch in loader for name in batch] == [f"image{i * 1000}.jpg" for i in range(8)]
 dataset.names[1000] = "changed.jpg"  # a new object, which the fork server never had
 assert inherit.key_of(dataset.names) is None and inherit.reduction_of(dataset.names) is None
 assert [name for batch in loader for name in batch][1] == "changed.jpg"
 print("ok")
 """,
-        names,
+        NAMES.replace("NAMES", "base.copy()"),
     )
     assert out.strip() == "ok"
 
 
 def test_an_array_of_strings_whose_edge_page_changed_beside_it_is_still_inherited() -> None:
-    names = """
-import numpy as np, torch.utils.data as tud
-import minato
-from minato._process import inherit, ipc
-
-base = np.array([f"image{i}.jpg" for i in range(200_100)], dtype=object)
-
-class Names(tud.Dataset):
-    def __init__(self):
-        self.names = base[50:-50]  # its first and last pages shared with the rest of base
-    def __len__(self):
-        return 8
-    def __getitem__(self, index):
-        return self.names[index * 1000]
-
-dataset = Names()
-loader = minato.DataLoader(dataset, batch_size=4, num_workers=2, worker_method="multiprocessing")
-"""
     out = run(
         """
 base[0] = base[-1] = "beside.jpg"  # written on its edge pages, not in it
@@ -266,7 +252,8 @@ assert inherit.reduction_of(dataset.names) is None
 assert [name for batch in loader for name in batch][0] == "first.jpg"
 print("ok")
 """,
-        names,
+        # Its first and last pages shared with the rest of base.
+        NAMES.replace("NAMES", "base[50:-50]"),
     )
     assert out.strip() == "ok"
 
