@@ -97,7 +97,7 @@ _lists: dict[int, tuple[Any, tuple[Any, ...], int]] = {}
 _scalar_lists: set[int] = set()
 # The registered arrays of Python objects found to hold only scalars, with
 # the references on their first and last pages when registered (see
-# `_edges_unchanged`).
+# `reduction_of`).
 _scalar_objects: dict[int, tuple[bytes, bytes]] = {}
 # The types of the objects that held registered lists (see owner_reduction).
 _owner_types: set[type] = set()
@@ -197,13 +197,18 @@ def _is_arrow(obj: Any) -> bool:
     return pyarrow is not None and isinstance(obj, (pyarrow.Array, pyarrow.ChunkedArray))
 
 
+def _pandas_of(obj: Any) -> Any:
+    """The pandas module, where `obj` is one of its objects; else None."""
+    if type(obj).__module__.partition(".")[0] != "pandas":
+        return None
+    return sys.modules.get("pandas")
+
+
 def _pandas_parts(obj: Any) -> list[Any] | None:
     """What a pandas frame or series holds its columns in (its blocks'
     values: numpy arrays, or pandas arrays), and the pyarrow array a pandas
     array of pyarrow's holds; None for anything else."""
-    if type(obj).__module__.partition(".")[0] != "pandas":
-        return None
-    pandas = sys.modules.get("pandas")
+    pandas = _pandas_of(obj)
     if pandas is None:
         return None
     try:
@@ -284,17 +289,6 @@ def _edges(array: np.ndarray) -> tuple[bytes, bytes]:
     return bytes(raw[:first]), bytes(raw[-last:])
 
 
-def _edges_unchanged(array: np.ndarray, changed: np.ndarray) -> bool:
-    """Whether the pages of `array` changed since the fork are only its
-    first and last, holding the bytes they held when registered."""
-    page = mmap.PAGESIZE
-    start = int(array.__array_interface__["data"][0])
-    last_page = (start + array.nbytes - 1) // page - start // page
-    if not set(changed.tolist()) <= {0, last_page}:
-        return False
-    return _edges(array) == _scalar_objects.get(id(array))
-
-
 def _forgetter(key: int, registry: dict[int, Any] | None = None) -> Any:
     """A weak reference's callback: its registry entry goes with the array."""
     # Held here: at interpreter exit the module's names may be gone first.
@@ -317,12 +311,9 @@ def server_forked() -> None:
     _server_forked_at = _forks
 
 
-def _changed_pages(start: int, end: int, private: bool = False) -> np.ndarray | None:
-    """The pages of [start, end) this process wrote since its last fork
-    (present and exclusively mapped), numbered from the first; None where
-    one is swapped out or the page map cannot be read, or, with `private`,
-    where one is a file's or shared memory's (written there, a patch would
-    reach every process that maps it)."""
+def _page_entries(start: int, end: int) -> np.ndarray | None:
+    """The page map's entries for the pages of [start, end); None where one
+    is swapped out or the map cannot be read."""
     page = mmap.PAGESIZE
     first, last = start // page, (end - 1) // page
     try:
@@ -336,9 +327,20 @@ def _changed_pages(start: int, end: int, private: bool = False) -> np.ndarray | 
     entries = np.frombuffer(data, dtype=np.uint64)
     if np.any((entries & _SWAPPED) != 0):
         return None
-    if private and np.any((entries & _FILE_OR_SHARED) != 0):
-        return None
+    return entries
+
+
+def _written(entries: np.ndarray) -> np.ndarray:
+    """The pages this process wrote since its last fork (present and
+    exclusively mapped), numbered from the first."""
     return np.flatnonzero(((entries & _PRESENT) != 0) & ((entries & _EXCLUSIVE) != 0))
+
+
+def _changed_pages(start: int, end: int) -> np.ndarray | None:
+    """The pages of [start, end) this process wrote since its last fork;
+    None where that cannot be told."""
+    entries = _page_entries(start, end)
+    return None if entries is None else _written(entries)
 
 
 def _pages_unchanged(start: int, end: int) -> bool:
@@ -415,17 +417,23 @@ def inherited_list(key: int) -> Any:
     return entry[0]
 
 
+def _registered_memory(obj: Any) -> tuple[int, int, bool] | None:
+    """The memory of `obj` where it is a registered array the fork server
+    inherited (no fork since), and whether it holds Python scalars."""
+    entry = _registry.get(id(obj))
+    if entry is None or entry[0]() is not obj or not _valid(entry[1]):
+        return None
+    objects = id(obj) in _scalar_objects
+    memory = _memory_of(obj, objects)
+    return None if memory is None else (*memory, objects)
+
+
 def key_of(obj: Any) -> int | None:
     """The registry key a worker process finds `obj` under, unchanged, in
     the memory its fork server inherited; None where it must be copied or
     patched (`reduction_of`)."""
-    entry = _registry.get(id(obj))
-    if entry is None or entry[0]() is not obj:
-        return None
-    if not _valid(entry[1]):
-        return None
-    memory = _memory_of(obj, id(obj) in _scalar_objects)
-    if memory is None or not _pages_unchanged(*memory):
+    found = _registered_memory(obj)
+    if found is None or not _pages_unchanged(*found[:2]):
         return None
     return id(obj)
 
@@ -438,35 +446,33 @@ def reduction_of(obj: Any) -> Any:
     """How a registered array goes to a worker process: its key, with the
     bytes of the pages changed since the fork server's fork where there are
     a few; None where it must be copied."""
-    entry = _registry.get(id(obj))
-    if entry is None or entry[0]() is not obj or not _valid(entry[1]):
+    found = _registered_memory(obj)
+    if found is None:
         return None
-    objects = id(obj) in _scalar_objects
-    memory = _memory_of(obj, objects)
-    if memory is None:
+    start, end, objects = found
+    entries = _page_entries(start, end)
+    if entries is None:
         return None
-    start, end = memory
-    changed = _changed_pages(start, end)
-    if changed is None:
-        return None
+    changed = _written(entries)
     if not len(changed):
         return inherited, (id(obj),)
     if objects:
         # Changed references would point to objects the fork server never
         # had; but a first or last page also holds other memory of the heap,
         # whose writes copy it with the references unchanged.
-        if not _edges_unchanged(obj, changed):
+        edges_only = set(changed.tolist()) <= {0, len(entries) - 1}
+        if not edges_only or _edges(obj) != _scalar_objects.get(id(obj)):
             return None
         return inherited, (id(obj),)
     # Writable here as in the worker, which writes the patches, and private
-    # memory, which its writes leave its own.
+    # memory, which its writes leave its own: a patch written into a file's
+    # or shared memory would reach every process that maps it.
     raw = _raw_bytes(obj, writable=True)
-    if raw is None or _changed_pages(start, end, private=True) is None:
+    if raw is None or np.any((entries & _FILE_OR_SHARED) != 0):
+        return None
+    if len(changed) > MAX_CHANGED_SHARE * len(entries):
         return None
     page = mmap.PAGESIZE
-    pages = (end - 1) // page - start // page + 1
-    if len(changed) > MAX_CHANGED_SHARE * pages:
-        return None
     patches = []
     origin = start // page * page
     for run in np.split(changed, np.flatnonzero(np.diff(changed) != 1) + 1):
@@ -558,10 +564,7 @@ def arrow_column_reduction(obj: Any) -> Any:
     """A pandas column of pyarrow's reduced as it is held, its chunks
     uncombined (pandas' own ``__getstate__`` combines them into a copy, not
     the memory the fork server inherited); None for anything else."""
-    if type(obj).__module__.partition(".")[0] != "pandas":
-        return None
-    pandas = sys.modules.get("pandas")
-    arrays = getattr(pandas, "arrays", None)
+    arrays = getattr(_pandas_of(obj), "arrays", None)
     kind = getattr(arrays, "ArrowExtensionArray", None)
     if kind is None or not isinstance(obj, kind) or id(obj._pa_array) not in _arrow:
         return None

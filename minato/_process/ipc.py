@@ -233,8 +233,8 @@ class _SharingPickler(cloudpickle.Pickler):
         self.share = share
         # Where each buffer taken out of band went: its descriptor's place
         # among the message's, its size, and whether it was read-only; or,
-        # read in place from the fork server's memory, None, its registry
-        # key, address and size (minato._process.inherit).
+        # read in place from the fork server's memory, None, then where
+        # (minato._process.inherit.buffer_key_of) and its size.
         self.buffers: list[tuple[Any, ...]] = []
         # A spec for worker processes of this process's fork server: arrays
         # they find unchanged in its memory go as keys (minato._process.inherit).
