@@ -23,6 +23,7 @@ __all__ = [
     "_HAS_VIDEO",
     "_arena_batch",
     "_before_fork",
+    "_cores_busy_time",
     "_decode_image",
     "_decode_images_into",
     "_decode_video",
@@ -250,8 +251,9 @@ def _scalar_items_bytes(items: Any) -> int: ...
 
 def _gil_takes() -> int: ...
 
-# --- threads' waits for a core (rust/bindings/runnable_wait.rs) ---
+# --- whether cores are spare (rust/bindings/spare_cores.rs) ---
 
+def _cores_busy_time() -> float | None: ...
 def _runnable_wait() -> float | None: ...
 def _thread_runnable_wait() -> float | None: ...
 

@@ -1477,6 +1477,126 @@ def test_threads_that_keep_the_cores_busy_stay_while_the_loop_waits_for_data(
     assert verdict == (None if kept else "move")
 
 
+@pytest.mark.parametrize(("others", "kept"), [(0.4, True), (0.0, False)])
+def test_threads_stay_where_other_processes_leave_no_core_for_processes_to_gain_on(
+    monkeypatch: pytest.MonkeyPatch, others: float, kept: bool
+) -> None:
+    """Two threads that compute keep 1.4 of 2 cores busy while the loop waits
+    for data; another process (a sampler, another rank's workers) takes 0.4
+    of a core: processes could load on at most 1.6, short of the gain a
+    trial wants, so threads stay without one. On an idle machine the trial
+    runs."""
+    clock = _Clock(0.0)
+    _use_clock(monkeypatch, clock)
+    monkeypatch.setattr(_worker_method, "_cores", lambda: 2)
+    method = WorkerMethod("auto")
+    method.observe({"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0})
+    verdict = None
+    for batch in range(1, 40):
+        clock.now = batch * 0.02
+        method.batch_received(clock.now, waited=0.018)  # the loop waits for data
+        method.probe()
+        clock.cpu = 1.4 * clock.now
+        clock.others = others * clock.now
+        # Two threads at work, on a CPU 65% of their time.
+        figures = {
+            "samples_loaded": 4 * batch,
+            "busy": 2 * clock.now,
+            "gil_wait": 0.0,
+            "cpu": 1.3 * clock.now,
+        }
+        verdict = method.observe(figures)
+        if method.decided:
+            break
+    assert method.decided
+    assert (not method.wants_processes) is kept, method.reason
+    if kept:
+        assert verdict is None
+        assert method.reason == (
+            "auto: processes could load at most 1.14x as fast (other processes left this "
+            "one 1.6 of the 2 cores and its threads used 1.4) while the training loop waits "
+            "for data"
+        )
+    else:
+        assert verdict == "move" and "the workers compute" in method.reason
+
+
+@pytest.mark.parametrize(("processes_rate", "kept"), [(24.0, True), (22.0, False)])
+def test_a_loading_trial_times_threads_from_its_decision_and_wants_a_clear_gain(
+    processes_rate: float, kept: bool
+) -> None:
+    """Workers that compute, a loop that waits for data: threads are timed
+    from the decision on (their cold start before it, a batch every 0.2 s,
+    is left out, as are the two batches after it, loaded before it), at 20
+    batches a second; processes stay only where they run the loop a clear
+    margin faster."""
+    method = WorkerMethod("auto")
+    now = 0.0
+    method.batch_received(now, waited=0.1, samples=16)
+    for _ in range(10):
+        now += 0.2
+        method.batch_received(now, waited=0.19, samples=16)
+    method._seen = (now, 160)  # what the threads loaded before the decision
+    method._gain_wanted = method._loading_trial = True
+    decided_at = now
+    method._decide(True, "auto: the workers compute (70% of their fetch time on a CPU)")
+    for _ in range(2):  # loaded before the decision: they arrive at once
+        now += 0.001
+        method.batch_received(now, waited=0.0, samples=16)
+    while not method.ready_for_processes():
+        now += 0.05
+        method.batch_received(now, waited=0.04, samples=16)
+    # A second of threads after the decision (and a batch, where the
+    # intervals' sum rounds below it).
+    assert 1.0 < now - decided_at < 1.06
+    method.activate(batches_in_flight=2)
+    verdicts = []
+    while method.on_trial:
+        now += 1 / processes_rate
+        verdicts.append(method.batch_received(now, samples=16))
+    assert ("revert" in verdicts) is not kept, method.reason
+    assert method.processes is kept
+    if kept:
+        assert f"{processes_rate:.1f} batches/s on them against 20.0 on threads" in method.reason
+    else:
+        assert f"20.0 batches/s on them against {processes_rate:.1f} on processes" in method.reason
+
+
+def test_a_loop_that_waits_for_data_is_not_moved_for_its_gil_delay_without_a_loading_trial(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loop waits to take the GIL back, but it waits for data too: the
+    delay costs it time it would have waited. Processes are tried as for
+    workers that compute: threads timed for a second first, and kept unless
+    processes load clearly faster."""
+    clock = _Clock(0.003)  # every probe waits 3 ms to take the GIL back
+    _use_clock(monkeypatch, clock)
+    monkeypatch.setattr(_worker_method, "_cores", lambda: 2)
+    method = WorkerMethod("auto")
+    method.observe({"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0})
+    verdict = None
+    for batch in range(1, 40):
+        clock.now = batch * 0.02
+        method.batch_received(clock.now, waited=0.018)  # the loop waits for data
+        method.probe()
+        clock.cpu = 0.5 * 2 * clock.now
+        figures = {
+            "samples_loaded": 16 * batch,
+            "busy": 8 * clock.now,
+            "gil_wait": 0.05 * 8 * clock.now,
+            "cpu": 1.6 * clock.now,
+        }
+        verdict = method.observe(figures)
+        if method.decided:
+            break
+    assert verdict == "move" and "to take the GIL back" in method.reason, method.reason
+    assert method._loading_trial
+    for _ in range(4):  # not after two batches, as after a clear sign
+        clock.now += 0.02
+        method.batch_received(clock.now, waited=0.018)
+        assert not method.ready_for_processes()
+
+
 def test_threads_waiting_for_a_core_stay_while_the_loop_waits_for_data(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1532,6 +1652,7 @@ class _Clock:
         self.cpu = 0.0  # this process's CPU time
         self.runnable = 0.0  # its threads' time waiting for a core, in all
         self.thread_runnable = 0.0  # the training loop's thread's
+        self.others = 0.0  # other processes' CPU time on this one's cores
 
     def perf_counter(self) -> float:
         return self.now
@@ -1548,6 +1669,7 @@ def _use_clock(monkeypatch: pytest.MonkeyPatch, clock: _Clock) -> None:
     monkeypatch.setattr(_worker_method, "time", clock)
     monkeypatch.setattr(_worker_method, "_runnable_wait", lambda: clock.runnable)
     monkeypatch.setattr(_worker_method, "_thread_runnable_wait", lambda: clock.thread_runnable)
+    monkeypatch.setattr(_worker_method, "_cores_busy_time", lambda: clock.cpu + clock.others)
 
 
 def _auto_on_a_clock(
@@ -2189,6 +2311,7 @@ def test_a_dataset_that_computes_without_the_gil_tries_processes_in_its_first_ep
     # process takes them (a loaded CI machine's threads wait for a core).
     monkeypatch.setattr(_worker_method, "CORES_BUSY", 2.0)
     monkeypatch.setattr(_worker_method, "NO_SPARE_CORE_RUNNABLE", float("inf"))
+    monkeypatch.setattr(_worker_method, "_processes_gain_short", lambda *_: None)
     loader = minato.DataLoader(
         Hashes(), batch_size=8, shuffle=True, num_workers=2, persistent_workers=True
     )

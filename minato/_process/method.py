@@ -67,7 +67,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minato._minato import _runnable_wait, _thread_runnable_wait
+from minato._minato import _cores_busy_time, _runnable_wait, _thread_runnable_wait
 from minato._util.log import logger
 
 
@@ -217,6 +217,19 @@ MOVE_WAIT_S = 0.1
 # ...and processes keep the loader unless the loop ran this much slower on
 # them than on threads (they have been paid for: start-up, memory).
 TRIAL_TOLERANCE = 0.03
+# A trial that asks only whether processes load faster (workers that
+# compute, the loop waiting for data) measures threads from its decision on,
+# as it measures processes after their start: the batches before it are the
+# epoch's cold start on threads, slower than the threads' later ones
+# (benchmarks/RESULTS.md, session 29). Its first batches after the decision
+# may have been loaded before it, and arrive at once: left out.
+LOADING_TRIAL_SKIP = 2
+# Such a trial keeps processes only where the loop ran this much faster on
+# them: a move costs memory that threads do not (the fork server and its
+# workers' copies), and two sides of a second each, on threads alike, read
+# further apart than TRIAL_GAIN on a busy machine (RESULTS.md, session 29);
+# work that threads run one at a time gains many times this on processes.
+LOADING_TRIAL_GAIN = 0.15
 # A loop that waited for data less than this share of its time sets the
 # pace: a trial tells whether worker threads slow it...
 LOOP_BOUND_WAITED = 0.1
@@ -309,6 +322,35 @@ class _Window:
     # The process's threads' time runnable but waiting for a core (None
     # where the kernel does not tell).
     runnable_wait: float | None = None
+    # CPU time the machine's cores this process may run on spent busy.
+    cores_busy: float | None = None
+
+
+def _cores_left(window: _Window, elapsed: float, own: float) -> float | None:
+    """The cores other processes left this one since `window` started (on
+    average), given the `own` cores it used; None where unknown."""
+    now = _cores_busy_time()
+    if now is None or window.cores_busy is None or elapsed <= 0:
+        return None
+    others = max(0.0, (now - window.cores_busy) / elapsed - own)
+    return max(0.0, _cores() - others)
+
+
+def _processes_gain_short(window: _Window, elapsed: float, own: float) -> str | None:
+    """Why worker processes could not load faster than the threads did over
+    `window` by a loading trial's gain, or None where they might (or it is
+    not known): they would load on no more cores than other processes
+    leave this one, where its threads used `own`. (Not from the time the
+    workers' own clocks spent off a CPU: on a GPU machine's 16 cores, PIL
+    threads on a CPU most of their task time loaded far slower than
+    processes.)"""
+    left = _cores_left(window, elapsed, own)
+    if left is None or own <= 0 or left >= own * (1 + LOADING_TRIAL_GAIN):
+        return None
+    return (
+        f"processes could load at most {left / own:.2f}x as fast (other processes left "
+        f"this one {left:.1f} of the {_cores()} cores and its threads used {own:.1f})"
+    )
 
 
 def _waiting_for_a_core(window: _Window, elapsed: float) -> float | None:
@@ -510,6 +552,8 @@ class WorkerMethod:
         (threads, on_threads), processes = self._threads_rate(), trial.rate
         if self._on_threads.intervals < TRIAL_MIN_BATCHES:
             margin = -SHORT_SIDE_TOLERANCE
+        elif self._loading_trial:
+            margin = LOADING_TRIAL_GAIN
         elif self._gain_wanted:
             margin = TRIAL_GAIN
         else:
@@ -534,9 +578,11 @@ class WorkerMethod:
         the loop asked for them (at start-up, with the loop waiting for data)
         arrive at once: a side of two such batches read as a loop faster
         than threads can feed. Not for a loop that sets the pace: its steps
-        are the rate."""
+        are the rate; nor for a trial that asks only whether processes load
+        faster: its threads side, a second long, starts at its decision
+        (see LOADING_TRIAL_SKIP)."""
         arm, loaded = self._on_threads, self._threads_loaded
-        if self._short_threads_side or loaded is None or arm.samples <= 0:
+        if self._short_threads_side or self._loading_trial or loaded is None or arm.samples <= 0:
             return arm.rate, "on threads"
         fed = loaded * arm.intervals / arm.samples
         if fed < arm.rate:
@@ -595,6 +641,7 @@ class WorkerMethod:
             *_asked(figures),
             self._start_up_asks,
             _runnable_wait(),
+            _cores_busy_time(),
         )
 
     def wants_probe(self, now: float) -> bool:
@@ -757,21 +804,26 @@ class WorkerMethod:
         if self._probes < MIN_PROBES and not clear:
             leaning = self._probes >= 2 and judged >= LOOP_DELAY_TRIAL_S
             return "warm" if leaning or loop_bound else None
+        within = (window, elapsed, cores_busy)
         if judged >= LOOP_DELAY_BOUND_S:
-            return self._decide(
-                True,
+            why = (
                 f"auto: the training loop waited {delay * 1e3:.1f} ms on average to take "
-                "the GIL back from worker threads",
+                "the GIL back from worker threads"
             )
+            if not loop_bound and can_trial:
+                # A loop that waits for data loses to the delay only time it
+                # would have waited: whether processes load faster decides,
+                # as for workers that compute.
+                return self._try_loading(why, *within)
+            return self._decide(True, why)
         # Computing workers: a trial on processes, kept only where the loop
         # (data-bound: the loader) runs faster on them. After the GIL's clear
         # signs, which move sooner (their trial measures threads for less).
         if compute >= COMPUTE_SHARE and can_trial:
-            self._gain_wanted = self._loading_trial = True
-            return self._decide(
-                True,
+            return self._try_loading(
                 f"auto: the workers compute ({compute:.0%} of their fetch time on a CPU, "
                 f"{work * 1e3:.1f} ms a sample), and processes may run them faster",
+                *within,
             )
         borderline = can_trial and judged >= LOOP_DELAY_TRIAL_S
         if seen_for < DECIDE_AFTER_S:
@@ -859,6 +911,23 @@ class WorkerMethod:
             self.reason, self.decided_after = reason, soon
         return None
 
+    def _try_loading(
+        self,
+        why: str,
+        window: _Window,
+        elapsed: float,
+        cores_busy: float,
+    ) -> str | None:
+        """A trial asking only whether processes load faster (the loop waits
+        for data), unless what the threads did shows they cannot by the gain
+        it wants (LOADING_TRIAL_GAIN): then threads stay without one, sparing
+        the move's memory and start-up."""
+        short = _processes_gain_short(window, elapsed, cores_busy * _cores())
+        if short is not None:
+            return self._decide(False, f"auto: {short} while the training loop waits for data")
+        self._gain_wanted = self._loading_trial = True
+        return self._decide(True, why)
+
     def _try_for_the_loop(self, why: str) -> str | None:
         """A trial on processes for a training loop that sets the pace, kept
         only if the loop gains on them. Its steps on threads with every batch
@@ -872,6 +941,8 @@ class WorkerMethod:
         seen_for, seen_samples = self._seen
         if processes and seen_for > 0 and seen_samples > 0:
             self._threads_loaded = seen_samples / seen_for
+        if processes and self._loading_trial:
+            self._on_threads = _Arm(skip=LOADING_TRIAL_SKIP)
         self._threads_inherited = False
         self.wants_processes = processes
         self.reason = reason

@@ -13,13 +13,13 @@ mod io_image;
 mod io_source;
 mod io_video;
 mod locked;
-mod runnable_wait;
 mod sample_collate;
 mod sample_engine;
 mod sample_ledger;
 mod sample_progress;
 mod sample_seed;
 mod slots;
+mod spare_cores;
 mod stats;
 mod wire;
 mod worker;
@@ -63,6 +63,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sample_seed::register(m)?;
     sample_ledger::register(m)?;
     sample_progress::register(m)?;
-    runnable_wait::register(m)?;
+    spare_cores::register(m)?;
     Ok(())
 }

@@ -36,7 +36,7 @@ mod workers;
 
 pub use collate::{Collate, Uncollated};
 pub use controller::{Controller, ControllerConfig, Resize, ResizeReason, Window};
-pub use cpu::{runnable_wait, thread_cpu_time, thread_runnable_wait};
+pub use cpu::{cores_busy_time, runnable_wait, thread_cpu_time, thread_runnable_wait};
 pub use dispatch::Dispatch;
 pub use error::EngineError;
 pub use lifecycle::Lifecycle;
