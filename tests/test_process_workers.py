@@ -2461,6 +2461,43 @@ def test_threads_decided_for_an_earlier_loader_are_judged_again_by_this_loop(
         assert method.reason.startswith("auto: threads, as measured; decided for an earlier")
 
 
+@pytest.mark.parametrize(("others", "tried"), [(0.4, False), (0.0, True)])
+def test_a_later_loaders_gil_delay_beside_threads_kept_earlier_gets_a_loading_trial(
+    monkeypatch: pytest.MonkeyPatch, others: float, tried: bool
+) -> None:
+    """Threads kept for an earlier loader, and this loader's loop, which waits
+    for data, waits a little to take the GIL back: whether processes load
+    faster decides, as for a loader's own first decision. None where other
+    processes leave no cores to gain on; else a loading trial (a second of
+    threads, a clear gain wanted)."""
+    clock = _Clock(0.0002)  # each probe waits 0.2 ms to take the GIL back
+    _use_clock(monkeypatch, clock)
+    monkeypatch.setattr(_worker_method, "_cores", lambda: 2)
+    _worker_method._decided_for[_SomeDataset] = (False, "auto: threads, as measured", False)
+    method = WorkerMethod("auto", _SomeDataset)
+    method.observe({"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0})
+    verdicts = []
+    for batch in range(1, 40):
+        clock.now = batch * 0.05
+        verdicts.append(method.batch_received(clock.now, waited=0.025))
+        method.probe()
+        clock.cpu = 1.4 * clock.now
+        clock.others = others * clock.now
+        busy = 0.09 * batch
+        figures = {"samples_loaded": 16 * batch, "busy": busy, "gil_wait": 0.0, "cpu": busy / 2}
+        verdicts.append(method.observe(figures))
+        if method.decided:
+            break
+    assert method.decided
+    assert method.wants_processes is tried, method.reason
+    if tried:
+        assert "move" in verdicts and method._loading_trial
+        assert "where an earlier loader of this dataset kept threads" in method.reason
+    else:
+        assert "move" not in verdicts
+        assert method.reason.startswith("auto: processes could load at most 1.14x as fast")
+
+
 def test_threads_a_trial_chose_hold_for_a_later_loader_without_another_trial(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -740,9 +740,12 @@ class WorkerMethod:
             and step >= self._first_wait > 0
             and busy <= PACE_MAX_PARALLEL * _cores() * elapsed
         )
+        used = time.process_time() - window.process_cpu
+        cores_busy = used / elapsed / _cores() if elapsed > 0 else 0.0
+        within = (window, elapsed, cores_busy)
         if self._threads_inherited:
             return self._judge_loop(
-                elapsed, samples, seen_for, loop_bound, judged, can_trial, shows_pace
+                elapsed, samples, seen_for, loop_bound, judged, can_trial, shows_pace, within
             )
         if elapsed >= CLEAR_WINDOW_S and samples >= MIN_SAMPLES:
             if share >= CLEAR_GIL_SHARE:
@@ -777,7 +780,6 @@ class WorkerMethod:
                 True,
                 f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
             )
-        cores_busy = (time.process_time() - window.process_cpu) / elapsed / _cores()
         if not loop_bound and cores_busy >= CORES_BUSY:
             return self._decide(
                 False,
@@ -804,7 +806,6 @@ class WorkerMethod:
         if self._probes < MIN_PROBES and not clear:
             leaning = self._probes >= 2 and judged >= LOOP_DELAY_TRIAL_S
             return "warm" if leaning or loop_bound else None
-        within = (window, elapsed, cores_busy)
         if judged >= LOOP_DELAY_BOUND_S:
             why = (
                 f"auto: the training loop waited {delay * 1e3:.1f} ms on average to take "
@@ -886,9 +887,12 @@ class WorkerMethod:
         judged: float,
         can_trial: bool,
         shows_pace: bool,
+        within: tuple[_Window, float, float],
     ) -> str | None:
         """With threads decided for an earlier loader: only this loop's own
-        signs count, and a trial must show processes faster."""
+        signs count, and a trial must show processes faster (`within`: the
+        window, its length and the cores the process kept busy, for
+        `_try_loading`)."""
         kept = "where an earlier loader of this dataset kept threads"
         if shows_pace:
             return self._try_for_the_loop(f"the training loop sets the pace, {kept}")
@@ -898,11 +902,12 @@ class WorkerMethod:
         if loop_bound:
             return self._try_for_the_loop(f"the training loop sets the pace, {kept}")
         if can_trial and delayed:
-            self._gain_wanted = True
-            return self._decide(
-                True,
+            # A loop that waits for data (one that sets the pace is tried
+            # above): as for this loader's own first decision.
+            return self._try_loading(
                 f"auto: the training loop waited {judged * 1e3:.2f} ms on average to take "
                 f"the GIL back, {kept}",
+                *within,
             )
         if seen_for >= DECIDE_AFTER_S:
             # Threads as the earlier loader chose, from the start.
