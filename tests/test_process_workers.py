@@ -1562,13 +1562,16 @@ def test_a_loading_trial_times_threads_from_its_decision_and_wants_a_clear_gain(
         assert f"20.0 batches/s on them against {processes_rate:.1f} on processes" in method.reason
 
 
+@pytest.mark.parametrize(("workers_cores", "loading"), [(1.6, True), (0.9, False)])
 def test_a_loop_that_waits_for_data_is_not_moved_for_its_gil_delay_without_a_loading_trial(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, workers_cores: float, loading: bool
 ) -> None:
     """The loop waits to take the GIL back, but it waits for data too: the
-    delay costs it time it would have waited. Processes are tried as for
-    workers that compute: threads timed for a second first, and kept unless
-    processes load clearly faster."""
+    delay costs it time it would have waited. Where the workers compute
+    together on more than a core, processes are tried as for workers that
+    compute: threads timed for a second first, and kept unless processes
+    load clearly faster. On a core or less, the GIL may be what runs them
+    one at a time: they move after two batches, as after a clear sign."""
     clock = _Clock(0.003)  # every probe waits 3 ms to take the GIL back
     _use_clock(monkeypatch, clock)
     monkeypatch.setattr(_worker_method, "_cores", lambda: 2)
@@ -1584,17 +1587,17 @@ def test_a_loop_that_waits_for_data_is_not_moved_for_its_gil_delay_without_a_loa
             "samples_loaded": 16 * batch,
             "busy": 8 * clock.now,
             "gil_wait": 0.05 * 8 * clock.now,
-            "cpu": 1.6 * clock.now,
+            "cpu": workers_cores * clock.now,
         }
         verdict = method.observe(figures)
         if method.decided:
             break
     assert verdict == "move" and "to take the GIL back" in method.reason, method.reason
-    assert method._loading_trial
-    for _ in range(4):  # not after two batches, as after a clear sign
+    assert method._loading_trial is loading
+    for _ in range(2):
         clock.now += 0.02
         method.batch_received(clock.now, waited=0.018)
-        assert not method.ready_for_processes()
+    assert method.ready_for_processes() is not loading
 
 
 def test_threads_waiting_for_a_core_stay_while_the_loop_waits_for_data(

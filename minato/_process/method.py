@@ -811,10 +811,14 @@ class WorkerMethod:
                 f"auto: the training loop waited {delay * 1e3:.1f} ms on average to take "
                 "the GIL back from worker threads"
             )
-            if not loop_bound and can_trial:
+            parallel = cpu is not None and cpu / elapsed > SERIAL_CORES[1]
+            if not loop_bound and can_trial and parallel:
                 # A loop that waits for data loses to the delay only time it
-                # would have waited: whether processes load faster decides,
-                # as for workers that compute.
+                # would have waited: where the workers compute together on
+                # more than a core (the GIL does not run them one at a time),
+                # whether processes load faster decides, as for workers that
+                # compute. Workers on a core or less may be what the GIL
+                # serialises: they move at once.
                 return self._try_loading(why, *within)
             return self._decide(True, why)
         # Computing workers: a trial on processes, kept only where the loop
