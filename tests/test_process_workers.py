@@ -1442,6 +1442,47 @@ def test_threads_that_lack_a_core_are_not_taken_for_threads_the_gil_serialises(
     assert (verdict == "move") is moves, method.reason
 
 
+def _data_bound_decision(
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    process_cores: float,
+    workers_cores: float,
+    busy_threads: float,
+    gil_share: float = 0.0,
+    probe_delay: float = 0.0,
+    others: float = 0.0,
+    samples: int = 16,
+) -> tuple[WorkerMethod, _Clock, str | None]:
+    """Auto on 2 cores until it decides (or 40 batches): a loop that waits
+    for data (a batch every 20 ms, 18 of them waited), its GIL probes each
+    waiting `probe_delay`; the process keeps `process_cores` busy, other
+    processes `others`; `busy_threads` workers at work on average, waiting
+    for the GIL `gil_share` of their time, using `workers_cores` together."""
+    clock = _Clock(probe_delay)
+    _use_clock(monkeypatch, clock)
+    monkeypatch.setattr(_worker_method, "_cores", lambda: 2)
+    method = WorkerMethod("auto")
+    method.observe({"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0})
+    verdict = None
+    for batch in range(1, 40):
+        clock.now = batch * 0.02
+        method.batch_received(clock.now, waited=0.018)
+        method.probe()
+        clock.cpu = process_cores * clock.now
+        clock.others = others * clock.now
+        busy = busy_threads * clock.now
+        figures = {
+            "samples_loaded": samples * batch,
+            "busy": busy,
+            "gil_wait": gil_share * busy,
+            "cpu": workers_cores * clock.now,
+        }
+        verdict = method.observe(figures)
+        if method.decided:
+            break
+    return method, clock, verdict
+
+
 @pytest.mark.parametrize(("process_cores", "kept"), [(0.9, True), (0.5, False)])
 def test_threads_that_keep_the_cores_busy_stay_while_the_loop_waits_for_data(
     monkeypatch: pytest.MonkeyPatch, process_cores: float, kept: bool
@@ -1449,28 +1490,16 @@ def test_threads_that_keep_the_cores_busy_stay_while_the_loop_waits_for_data(
     """Processes cannot load faster on cores the threads already keep busy:
     however long the loop waits to take the GIL back, a loop that waits for
     data keeps threads (a loop that sets the pace still gets its trial)."""
-    clock = _Clock(0.003)  # every probe waits 3 ms to take the GIL back
-    _use_clock(monkeypatch, clock)
-    monkeypatch.setattr(_worker_method, "_cores", lambda: 2)
-    method = WorkerMethod("auto")
-    figures = {"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0}
-    method.observe(figures)
-    verdict = None
-    for batch in range(1, 20):
-        clock.now = batch * 0.02
-        method.batch_received(clock.now, waited=0.018)  # the loop waits for data
-        method.probe()
-        clock.cpu = process_cores * 2 * clock.now
-        # 8 threads, each on a CPU a fifth of its time: 2 ms of CPU a sample.
-        figures = {
-            "samples_loaded": 16 * batch,
-            "busy": 8 * clock.now,
-            "gil_wait": 0.05 * 8 * clock.now,
-            "cpu": 1.6 * clock.now,
-        }
-        verdict = method.observe(figures)
-        if method.decided:
-            break
+    # 8 threads, each on a CPU a fifth of its time: 2 ms of CPU a sample;
+    # every probe waits 3 ms to take the GIL back.
+    method, _, verdict = _data_bound_decision(
+        monkeypatch,
+        process_cores=2 * process_cores,
+        workers_cores=1.6,
+        busy_threads=8,
+        gil_share=0.05,
+        probe_delay=0.003,
+    )
     assert method.decided
     assert (not method.wants_processes) is kept, method.reason
     assert ("cores busy" in method.reason) is kept, method.reason
@@ -1486,28 +1515,10 @@ def test_threads_stay_where_other_processes_leave_no_core_for_processes_to_gain_
     of a core: processes could load on at most 1.6, short of the gain a
     trial wants, so threads stay without one. On an idle machine the trial
     runs."""
-    clock = _Clock(0.0)
-    _use_clock(monkeypatch, clock)
-    monkeypatch.setattr(_worker_method, "_cores", lambda: 2)
-    method = WorkerMethod("auto")
-    method.observe({"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0})
-    verdict = None
-    for batch in range(1, 40):
-        clock.now = batch * 0.02
-        method.batch_received(clock.now, waited=0.018)  # the loop waits for data
-        method.probe()
-        clock.cpu = 1.4 * clock.now
-        clock.others = others * clock.now
-        # Two threads at work, on a CPU 65% of their time.
-        figures = {
-            "samples_loaded": 4 * batch,
-            "busy": 2 * clock.now,
-            "gil_wait": 0.0,
-            "cpu": 1.3 * clock.now,
-        }
-        verdict = method.observe(figures)
-        if method.decided:
-            break
+    # Two threads at work, on a CPU 65% of their time.
+    method, _, verdict = _data_bound_decision(
+        monkeypatch, process_cores=1.4, workers_cores=1.3, busy_threads=2, others=others, samples=4
+    )
     assert method.decided
     assert (not method.wants_processes) is kept, method.reason
     if kept:
@@ -1572,26 +1583,14 @@ def test_a_loop_that_waits_for_data_is_not_moved_for_its_gil_delay_without_a_loa
     compute: threads timed for a second first, and kept unless processes
     load clearly faster. On a core or less, the GIL may be what runs them
     one at a time: they move after two batches, as after a clear sign."""
-    clock = _Clock(0.003)  # every probe waits 3 ms to take the GIL back
-    _use_clock(monkeypatch, clock)
-    monkeypatch.setattr(_worker_method, "_cores", lambda: 2)
-    method = WorkerMethod("auto")
-    method.observe({"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0})
-    verdict = None
-    for batch in range(1, 40):
-        clock.now = batch * 0.02
-        method.batch_received(clock.now, waited=0.018)  # the loop waits for data
-        method.probe()
-        clock.cpu = 0.5 * 2 * clock.now
-        figures = {
-            "samples_loaded": 16 * batch,
-            "busy": 8 * clock.now,
-            "gil_wait": 0.05 * 8 * clock.now,
-            "cpu": workers_cores * clock.now,
-        }
-        verdict = method.observe(figures)
-        if method.decided:
-            break
+    method, clock, verdict = _data_bound_decision(
+        monkeypatch,
+        process_cores=1.0,
+        workers_cores=workers_cores,
+        busy_threads=8,
+        gil_share=0.05,
+        probe_delay=0.003,
+    )
     assert verdict == "move" and "to take the GIL back" in method.reason, method.reason
     assert method._loading_trial is loading
     for _ in range(2):
