@@ -322,17 +322,17 @@ class _Window:
     # The process's threads' time runnable but waiting for a core (None
     # where the kernel does not tell).
     runnable_wait: float | None = None
-    # CPU time the machine's cores this process may run on spent busy.
-    cores_busy: float | None = None
+    # The time the cores this process may run on had spent busy, whatever ran.
+    cores_busy_time: float | None = None
 
 
 def _cores_left(window: _Window, elapsed: float, own: float) -> float | None:
     """The cores other processes left this one since `window` started (on
     average), given the `own` cores it used; None where unknown."""
     now = _cores_busy_time()
-    if now is None or window.cores_busy is None or elapsed <= 0:
+    if now is None or window.cores_busy_time is None or elapsed <= 0:
         return None
-    others = max(0.0, (now - window.cores_busy) / elapsed - own)
+    others = max(0.0, (now - window.cores_busy_time) / elapsed - own)
     return max(0.0, _cores() - others)
 
 
