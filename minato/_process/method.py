@@ -326,26 +326,21 @@ class _Window:
     cores_busy_time: float | None = None
 
 
-def _cores_left(window: _Window, elapsed: float, own: float) -> float | None:
-    """The cores other processes left this one since `window` started (on
-    average), given the `own` cores it used; None where unknown."""
-    now = _cores_busy_time()
-    if now is None or window.cores_busy_time is None or elapsed <= 0:
-        return None
-    others = max(0.0, (now - window.cores_busy_time) / elapsed - own)
-    return max(0.0, _cores() - others)
-
-
-def _processes_gain_short(window: _Window, elapsed: float, own: float) -> str | None:
-    """Why worker processes could not load faster than the threads did over
-    `window` by a loading trial's gain, or None where they might (or it is
-    not known): they would load on no more cores than other processes
-    leave this one, where its threads used `own`. (Not from the time the
+def _processes_gain_short(window: _Window, elapsed: float) -> str | None:
+    """Why worker processes could not load faster than the threads did since
+    `window` started by a loading trial's gain, or None where they might (or
+    it is not known): they would load on no more cores than other processes
+    leave this one, against those its threads used. (Not from the time the
     workers' own clocks spent off a CPU: on a GPU machine's 16 cores, PIL
     threads on a CPU most of their task time loaded far slower than
     processes.)"""
-    left = _cores_left(window, elapsed, own)
-    if left is None or own <= 0 or left >= own * (1 + LOADING_TRIAL_GAIN):
+    now = _cores_busy_time()
+    if now is None or window.cores_busy_time is None or elapsed <= 0:
+        return None
+    own = (time.process_time() - window.process_cpu) / elapsed
+    others = max(0.0, (now - window.cores_busy_time) / elapsed - own)
+    left = max(0.0, _cores() - others)
+    if own <= 0 or left >= own * (1 + LOADING_TRIAL_GAIN):
         return None
     return (
         f"processes could load at most {left / own:.2f}x as fast (other processes left "
@@ -740,12 +735,9 @@ class WorkerMethod:
             and step >= self._first_wait > 0
             and busy <= PACE_MAX_PARALLEL * _cores() * elapsed
         )
-        used = time.process_time() - window.process_cpu
-        cores_busy = used / elapsed / _cores() if elapsed > 0 else 0.0
-        within = (window, elapsed, cores_busy)
         if self._threads_inherited:
             return self._judge_loop(
-                elapsed, samples, seen_for, loop_bound, judged, can_trial, shows_pace, within
+                elapsed, samples, seen_for, loop_bound, judged, can_trial, shows_pace, window
             )
         if elapsed >= CLEAR_WINDOW_S and samples >= MIN_SAMPLES:
             if share >= CLEAR_GIL_SHARE:
@@ -780,6 +772,7 @@ class WorkerMethod:
                 True,
                 f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
             )
+        cores_busy = (time.process_time() - window.process_cpu) / elapsed / _cores()
         if not loop_bound and cores_busy >= CORES_BUSY:
             return self._decide(
                 False,
@@ -819,7 +812,7 @@ class WorkerMethod:
                 # whether processes load faster decides, as for workers that
                 # compute. Workers on a core or less may be what the GIL
                 # serialises: they move at once.
-                return self._try_loading(why, *within)
+                return self._try_loading(why, window, elapsed)
             return self._decide(True, why)
         # Computing workers: a trial on processes, kept only where the loop
         # (data-bound: the loader) runs faster on them. After the GIL's clear
@@ -828,7 +821,8 @@ class WorkerMethod:
             return self._try_loading(
                 f"auto: the workers compute ({compute:.0%} of their fetch time on a CPU, "
                 f"{work * 1e3:.1f} ms a sample), and processes may run them faster",
-                *within,
+                window,
+                elapsed,
             )
         borderline = can_trial and judged >= LOOP_DELAY_TRIAL_S
         if seen_for < DECIDE_AFTER_S:
@@ -891,12 +885,10 @@ class WorkerMethod:
         judged: float,
         can_trial: bool,
         shows_pace: bool,
-        within: tuple[_Window, float, float],
+        window: _Window,
     ) -> str | None:
         """With threads decided for an earlier loader: only this loop's own
-        signs count, and a trial must show processes faster (`within`: the
-        window, its length and the cores the process kept busy, for
-        `_try_loading`)."""
+        signs count, and a trial must show processes faster."""
         kept = "where an earlier loader of this dataset kept threads"
         if shows_pace:
             return self._try_for_the_loop(f"the training loop sets the pace, {kept}")
@@ -911,7 +903,8 @@ class WorkerMethod:
             return self._try_loading(
                 f"auto: the training loop waited {judged * 1e3:.2f} ms on average to take "
                 f"the GIL back, {kept}",
-                *within,
+                window,
+                elapsed,
             )
         if seen_for >= DECIDE_AFTER_S:
             # Threads as the earlier loader chose, from the start.
@@ -920,18 +913,12 @@ class WorkerMethod:
             self.reason, self.decided_after = reason, soon
         return None
 
-    def _try_loading(
-        self,
-        why: str,
-        window: _Window,
-        elapsed: float,
-        cores_busy: float,
-    ) -> str | None:
+    def _try_loading(self, why: str, window: _Window, elapsed: float) -> str | None:
         """A trial asking only whether processes load faster (the loop waits
         for data), unless what the threads did shows they cannot by the gain
         it wants (LOADING_TRIAL_GAIN): then threads stay without one, sparing
         the move's memory and start-up."""
-        short = _processes_gain_short(window, elapsed, cores_busy * _cores())
+        short = _processes_gain_short(window, elapsed)
         if short is not None:
             return self._decide(False, f"auto: {short} while the training loop waits for data")
         self._gain_wanted = self._loading_trial = True
