@@ -308,10 +308,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         ):
             # The fork server, forked from this process now, while no worker
             # of this loader runs: ready before the first samples need it.
-            # Auto, undecided, forks it as its first epoch starts, before
-            # its threads run (minato._process.workers); a fresh
-            # interpreter shares no pages and takes seconds to start: it
-            # starts now, in the background.
+            # Auto, undecided, forks it once its measurements point to
+            # processes (a loader that keeps threads never forks it); a
+            # fresh interpreter shares no pages and takes seconds to start:
+            # it starts now, in the background.
             warm_up(dataset=dataset)
         accelerate_hooks.register(self)
 

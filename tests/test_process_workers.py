@@ -867,87 +867,43 @@ def test_shared_memory_held_at_interpreter_exit_closes_quietly(tmp_path: Path) -
     assert "Exception ignored" not in run.stderr, run.stderr
 
 
-def test_auto_forks_its_fork_server_before_its_threads_start_and_stops_it_for_threads(
-    tmp_path: Path,
-) -> None:
+def test_auto_forks_no_fork_server_while_it_keeps_threads(tmp_path: Path) -> None:
     # Forked, it comes to hold a copy of every page the training process
-    # writes after: auto forks it as its first epoch starts, before its
-    # threads' first samples (forked later, it kept their heaps), and stops
-    # it once it keeps threads; a later loader of the same dataset type,
-    # threads decided, never forks it; a forced loader forks it as it is
-    # built. A fresh interpreter: no other test's loader may hold it.
+    # writes: auto forks it only once its measurements point to processes, a
+    # forced loader as it is built. A fresh interpreter: no other test's
+    # loader may hold it.
     script = textwrap.dedent("""
         import time
         import minato
         from minato._process import workers
 
         class Sleeps:
-            def __init__(self):
-                self.server_at_first_sample = []
-
             def __len__(self):
                 return 2000
 
             def __getitem__(self, index):
-                if not self.server_at_first_sample:
-                    self.server_at_first_sample.append(workers._zygote_running())
                 time.sleep(0.002)
                 return index
 
-        dataset = Sleeps()
-        loader = minato.DataLoader(dataset, batch_size=8, num_workers=2, persistent_workers=True)
-        print("built", workers._zygote_running())
+        loader = minato.DataLoader(Sleeps(), batch_size=8, num_workers=2, persistent_workers=True)
+        print("started", workers._zygote_running())
         for _ in range(20):
             assert sorted(int(i) for batch in loader for i in batch) == list(range(2000))
             if not loader.stats().worker_method_reason.startswith("auto: threads until"):
                 break
-        print("at its first sample", dataset.server_at_first_sample)
         print("kept", loader.stats().worker_method, loader.stats().worker_method_reason)
         print("running", workers._zygote_running())
-        later = Sleeps()
-        again = minato.DataLoader(later, batch_size=8, num_workers=2)
-        assert sorted(int(i) for batch in again for i in batch) == list(range(2000))
-        print("later loader", later.server_at_first_sample, workers._zygote_running())
         forced = minato.DataLoader(
             list(range(16)), batch_size=4, num_workers=2, worker_method="multiprocessing"
         )
         assert sorted(int(i) for batch in forced for i in batch) == list(range(16))
-        print("forced", workers._zygote_running())
+        print("again", workers._zygote_running())
         """)
     run = _run_script(script, tmp_path)
     lines = run.stdout.splitlines()
-    assert lines[:2] == ["built False", "at its first sample [True]"], run.stdout
-    assert lines[2].startswith("kept thread auto: "), run.stdout
-    assert lines[3:] == ["running False", "later loader [False] False", "forced True"], run.stdout
-
-
-def test_an_undecided_loaders_end_stops_its_fork_server(tmp_path: Path) -> None:
-    # Auto forked it for a loader that ended before deciding (one batch
-    # taken, as a sanity check does): the server goes with the loader,
-    # rather than keep a copy of the training process's pages for its life.
-    script = textwrap.dedent("""
-        import gc, time
-        import minato
-        from minato._process import workers
-
-        loader = minato.DataLoader(list(range(4000)), batch_size=8, num_workers=2)
-        batches = iter(loader)
-        next(batches)
-        print("undecided", loader.stats().worker_method_reason.startswith("auto: threads until"))
-        print("running", workers._zygote_running())
-        del batches, loader
-        gc.collect()
-        deadline = time.monotonic() + 30
-        while workers._zygote_running() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        print("after its end", workers._zygote_running())
-        """)
-    run = _run_script(script, tmp_path)
-    assert run.stdout.splitlines() == [
-        "undecided True",
-        "running True",
-        "after its end False",
-    ], run.stdout
+    assert lines[0] == "started False", run.stdout
+    assert lines[1].startswith("kept thread auto: "), run.stdout
+    assert lines[2:] == ["running False", "again True"], run.stdout
 
 
 def test_the_fork_server_is_forked_with_no_worker_thread_inside_the_datasets_code(

@@ -44,7 +44,6 @@ from minato._minato import (
 from minato._process.method import WorkerMethod
 from minato._process.workers import (
     ProcessWorkers,
-    fork_server_before_threads,
     fork_server_ready,
     release_fork_server,
     stop_all,
@@ -452,7 +451,6 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         method.restart_window()
         if method.decided and not method.wants_processes:
             return None
-        fork_server_before_threads(method, spec.dataset)
         return ProcessWorkers(
             spec,
             method,

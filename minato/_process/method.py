@@ -498,12 +498,6 @@ class WorkerMethod:
         return self.wants_processes or not self.decided
 
     @property
-    def undecided_afresh(self) -> bool:
-        """Auto, with nothing decided yet, for this loader or an earlier one
-        of its dataset's type."""
-        return self.requested == "auto" and not self.decided and not self._threads_inherited
-
-    @property
     def name(self) -> str:
         """torch's name for the method in use."""
         return "multiprocessing" if self.processes else "thread"

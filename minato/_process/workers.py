@@ -11,10 +11,9 @@ memory (minato._process.ipc).
 
 Start: worker processes fork from minato's fork server
 (minato._process.zygote), started once per process when first wanted
-(``warm_up``): as a loader that will use processes is built, or, for auto
-with nothing decided yet, as its first epoch starts, before its worker
-threads run (``fork_server_before_threads``); auto that keeps threads stops
-it again. The fork server is forked from this process, by the calling
+(``warm_up``): as a loader that will use processes is built, or as auto's
+measurements first point to processes (a loader that keeps threads never
+forks it). The fork server is forked from this process, by the calling
 thread, with minato's worker threads held out of the user's code
 (minato._util.user_code), as torch forks its workers from it: it shares
 this process's pages copy-on-write (torch, the user's modules, the
@@ -293,36 +292,6 @@ def warm_up(modules: list[str] | None = None, dataset: Any = None) -> None:
         threading.Thread(
             target=_warm, args=(modules or [],), name="minato fork server", daemon=True
         ).start()
-
-
-def fork_server_before_threads(method: WorkerMethod, dataset: Any) -> None:
-    """Auto, undecided afresh (no earlier loader of the dataset's type
-    decided): the fork server is forked now, as the loader's worker threads
-    are about to start, where torch would fork its workers. Forked once
-    auto's measurements point to processes, mid-epoch, it would share the
-    pages the worker threads' heaps then held, and keep its own copy of each
-    as they go on writing them: its workers inherit those, for the rest of
-    the run (benchmarks/RESULTS.md, session 30). Auto that keeps threads
-    stops it (`release_fork_server`), as does the loader's end before auto
-    decides."""
-    if not method.undecided_afresh or exec_server_wanted():
-        return
-    warm_up(dataset=dataset)
-    if method not in _server_released_after:
-        _server_released_after.add(method)
-        weakref.finalize(method, _release_fork_server_after_end).atexit = False
-
-
-# Methods whose end releases the fork server (see fork_server_before_threads).
-_server_released_after: weakref.WeakSet[WorkerMethod] = weakref.WeakSet()
-
-
-def _release_fork_server_after_end() -> None:
-    """`release_fork_server`, as a collection ends a loader's method: never
-    where a thread holds the fork server's locks, the collecting thread
-    possibly among them (forking a server, which a loader then wants)."""
-    if not (_zygote_lock.locked() or _zygote_start_lock.locked()):
-        release_fork_server()
 
 
 # The process a warm-up was started in (a fork child starts its own), and

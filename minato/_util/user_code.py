@@ -8,9 +8,8 @@ lock of the user's) leaves that state half done in the child: a module
 half imported, a lock held for good by a thread the child does not have.
 torch forks its workers before they run any of the dataset, and a training
 process with torch's loader runs no dataset code beside a fork of its own.
-minato may fork its fork server while worker threads load (auto's trial
-for a loader whose dataset type an earlier loader kept on threads, a loader
-started beside another's threads), and a program may fork beside minato's
+minato forks its fork server once auto's measurements point to processes,
+while its worker threads load, and a program may fork beside minato's
 threads too (a torch DataLoader's workers, multiprocessing). So every fork
 in the process waits, a bounded time, for minato's worker threads to leave
 the user's code, and holds new tasks at the door until it is done.
