@@ -958,10 +958,21 @@ def test_the_fork_server_goes_once_a_trial_back_to_threads_has_ended_its_process
     # is back on threads for good; its processes exit as its threads take
     # their next tasks, and the fork server, kept while they live (it is
     # their parent), goes after them, leaving no child of its own behind.
+    # The training thread does not wait for its exit (a process as large as
+    # the training one takes tens of milliseconds to go on busy cores).
     script = textwrap.dedent("""
-        import os, time
+        import os, threading, time
         import minato
         from minato._process import method, workers
+
+        waited_on = []
+        wait = workers._ForkedServer.wait
+
+        def recorded_wait(self, timeout=None):
+            waited_on.append(threading.get_ident())
+            return wait(self, timeout)
+
+        workers._ForkedServer.wait = recorded_wait
 
         class Sleeps:
             def __len__(self):
@@ -1011,6 +1022,7 @@ def test_the_fork_server_goes_once_a_trial_back_to_threads_has_ended_its_process
         ):
             time.sleep(0.05)
         print("left", sorted(pid for pid in pids | {server} if os.path.exists(f"/proc/{pid}")))
+        print("waited for on this thread", threading.get_ident() in waited_on, bool(waited_on))
         """)
     run = _run_script(script, tmp_path)
     assert run.stdout.splitlines() == [
@@ -1018,6 +1030,7 @@ def test_the_fork_server_goes_once_a_trial_back_to_threads_has_ended_its_process
         "ran on processes True",
         "server running False",
         "left []",
+        "waited for on this thread False True",
     ], run.stdout
 
 

@@ -45,6 +45,7 @@ process killed) makes the worker process exit at once, even mid-task.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import dataclasses
 import gc
@@ -667,11 +668,23 @@ def _stop_fork_server(kill: bool = False) -> None:
     zygote.sock.close()  # the fork server exits when its socket closes
     if kill:
         zygote.process.kill()
+        # Its exit tears down an address space as large as this process's:
+        # tens of milliseconds on busy cores, which the calling thread (the
+        # training loop's) waited for (benchmarks/RESULTS.md, session 30).
+        # Reaped on a thread started without waiting for it to run, as
+        # ``threading.Thread.start`` would (the GIL handed over, and back).
+        _thread.start_new_thread(_reap, (zygote.process,))
+        return
     try:
         zygote.process.wait(timeout=1.0)
     except subprocess.TimeoutExpired:
         zygote.process.kill()
         zygote.process.wait()
+
+
+def _reap(process: _ForkedServer | subprocess.Popen) -> None:
+    with contextlib.suppress(Exception):  # reaped elsewhere
+        process.wait()
 
 
 class _Remote:
