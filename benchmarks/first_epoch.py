@@ -10,9 +10,14 @@ only where a process maps it, and torch's batches in flight are
 shared-memory files passed by descriptor, unmapped while they wait in its
 queue, where minato's arenas and slot rings stay mapped. That figure is the
 tree's anonymous and file PSS plus the machine's ``Shmem`` (/proc/meminfo)
-over its base: a quiet machine's. Each system runs in a fresh interpreter of
-its own (what a training script's first epoch pays: forks, the fork server,
-the dataset sent to each worker), in turn, repeated:
+over its base: a quiet machine's. Each reading walks the page tables of
+every process of the tree, a load of its own beside the run, and minato's
+auto decides on what it measures then (it tried processes beside the
+readings where it kept threads without them, benchmarks/RESULTS.md, session
+30): figures of speed alone come from ``--pss-interval 0``. Each system
+runs in a fresh interpreter of its own (what a training script's first
+epoch pays: forks, the fork server, the dataset sent to each worker), in
+turn, repeated:
 
 - torch's DataLoader (worker processes forked at ``iter()``);
 - minato's defaults and minato forced to worker processes, with the fork
