@@ -1034,6 +1034,35 @@ def test_the_fork_server_goes_once_a_trial_back_to_threads_has_ended_its_process
     ], run.stdout
 
 
+def test_a_stopped_fork_server_is_reaped_where_no_thread_can_be_started(tmp_path: Path) -> None:
+    # Its exit is waited for on a thread of its own; where none can be
+    # started (a process at its thread limit), the caller waits, as before,
+    # rather than fail the training loop.
+    script = textwrap.dedent("""
+        import gc, os
+        import minato
+        from minato._process import workers
+
+        loader = minato.DataLoader(
+            list(range(16)), batch_size=4, num_workers=2, worker_method="multiprocessing"
+        )
+        assert sorted(int(i) for batch in loader for i in batch) == list(range(16))
+        server = workers._the_zygote.process.pid
+        del loader
+        gc.collect()
+
+        def no_thread(function, args):
+            raise RuntimeError("can't start new thread")
+
+        workers._thread.start_new_thread = no_thread
+        workers._stop_fork_server(kill=True)
+        print("running", workers._zygote_running())
+        print("left", os.path.exists(f"/proc/{server}"))
+        """)
+    run = _run_script(script, tmp_path)
+    assert run.stdout.splitlines() == ["running False", "left False"], run.stdout
+
+
 def test_the_option_forces_either_way() -> None:
     threads = minato.DataLoader(PurePython(), batch_size=8, num_workers=2, worker_method="thread")
     assert indices(threads) == list(range(4000))

@@ -673,8 +673,11 @@ def _stop_fork_server(kill: bool = False) -> None:
         # training loop's) waited for (benchmarks/RESULTS.md, session 30).
         # Reaped on a thread started without waiting for it to run, as
         # ``threading.Thread.start`` would (the GIL handed over, and back).
-        _thread.start_new_thread(_reap, (zygote.process,))
-        return
+        try:
+            _thread.start_new_thread(_reap, (zygote.process,))
+            return
+        except RuntimeError:  # no thread to be had: waited for here, as before
+            pass
     try:
         zygote.process.wait(timeout=1.0)
     except subprocess.TimeoutExpired:
