@@ -325,6 +325,11 @@ class _Window:
     # The time the cores this process may run on had spent busy, whatever ran.
     cores_busy_time: float | None = None
 
+    def cores_used(self, elapsed: float) -> float:
+        """The cores this process (all its threads) kept busy on average over
+        the `elapsed` seconds since the window started."""
+        return (time.process_time() - self.process_cpu) / elapsed
+
 
 def _processes_gain_short(window: _Window, elapsed: float) -> str | None:
     """Why worker processes could not load faster than the threads did since
@@ -337,7 +342,7 @@ def _processes_gain_short(window: _Window, elapsed: float) -> str | None:
     now = _cores_busy_time()
     if now is None or window.cores_busy_time is None or elapsed <= 0:
         return None
-    own = (time.process_time() - window.process_cpu) / elapsed
+    own = window.cores_used(elapsed)
     others = max(0.0, (now - window.cores_busy_time) / elapsed - own)
     left = max(0.0, _cores() - others)
     if own <= 0 or left >= own * (1 + LOADING_TRIAL_GAIN):
@@ -772,7 +777,7 @@ class WorkerMethod:
                 True,
                 f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
             )
-        cores_busy = (time.process_time() - window.process_cpu) / elapsed / _cores()
+        cores_busy = window.cores_used(elapsed) / _cores()
         if not loop_bound and cores_busy >= CORES_BUSY:
             return self._decide(
                 False,
