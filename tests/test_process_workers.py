@@ -1590,7 +1590,7 @@ def test_a_loading_trial_times_threads_from_its_decision_and_wants_a_clear_gain(
         now += 0.2
         method.batch_received(now, waited=0.19, samples=16)
     method._seen = (now, 160)  # what the threads loaded before the decision
-    method._gain_wanted = method._loading_trial = True
+    method._gain_wanted = method._loading_trial = method._threads_from_decision = True
     decided_at = now
     method._decide(True, "auto: the workers compute (70% of their fetch time on a CPU)")
     for _ in range(2):  # loaded before the decision: they arrive at once
@@ -1929,7 +1929,7 @@ def test_a_trial_with_a_full_threads_side_keeps_processes_only_on_a_gain() -> No
     method = WorkerMethod("auto")
     now = 0.0
     method.batch_received(now)
-    method._gain_wanted = method._loading_trial = True
+    method._gain_wanted = method._loading_trial = method._threads_from_decision = True
     method._decide(True, "auto: the workers compute ...")
     while not method.ready_for_processes():
         now += 0.125
@@ -2503,6 +2503,59 @@ def test_threads_decided_for_an_earlier_loader_are_judged_again_by_this_loop(
     else:
         assert "move" not in verdicts and not method.wants_processes
         assert method.reason.startswith("auto: threads, as measured; decided for an earlier")
+
+
+@pytest.mark.parametrize(("processes_rate", "kept"), [(64.0, False), (160.0, True)])
+def test_a_loop_that_never_waits_beside_more_threads_than_cores_times_them_from_the_trial_on(
+    monkeypatch: pytest.MonkeyPatch, processes_rate: float, kept: bool
+) -> None:
+    """Threads kept for an earlier loader; this loader's 32 sleeping threads
+    are at work at once on 2 cores, and its loop, which never waits for a
+    batch, receives one every 27 ms while they start, every 7.5 ms after.
+    The trial's threads side is timed from its decision on, past that start:
+    processes stay only where they run the loop a clear margin faster than
+    threads' 133 batches a second, not than the 37 of their start-up."""
+    clock = _Clock(0.0)
+    _use_clock(monkeypatch, clock)
+    monkeypatch.setattr(_worker_method, "_cores", lambda: 2)
+    _worker_method._decided_for[_SomeDataset] = (False, "auto: threads, as measured", False)
+    method = WorkerMethod("auto", _SomeDataset)
+    method.observe({"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0})
+    verdicts: list = []
+    batch = 0
+    while not method.decided:
+        batch += 1
+        clock.now = 0.027 * batch
+        verdicts.append(method.batch_received(clock.now, waited=0.03 if batch == 1 else 0.0))
+        busy = 32 * clock.now  # 32 threads at work at once
+        figures = {
+            "samples_loaded": 64 * batch,
+            "busy": busy,
+            "gil_wait": 0.0,
+            "cpu": 0.05 * busy,
+            "queue_asks": batch,
+            "queue_occupancy": 1.0,
+        }
+        verdicts.append(method.observe(figures))
+        assert batch < 20
+    assert "move" in verdicts and method.wants_processes, method.reason
+    assert "where an earlier loader of this dataset kept threads" in method.reason
+    # Not on the steps so far: threads are timed first, from here on.
+    decided_at = clock.now
+    assert not method.ready_for_processes()
+    while not method.ready_for_processes():
+        clock.now += 0.0075
+        method.batch_received(clock.now, waited=0.0)
+    assert clock.now - decided_at >= 1.0
+    method.activate(batches_in_flight=2)
+    while method.on_trial:
+        clock.now += 1 / processes_rate
+        verdicts.append(method.batch_received(clock.now))
+    assert method.processes is kept, method.reason
+    if kept:
+        assert f"{processes_rate:.1f} batches/s on them against 133.3 on threads" in method.reason
+    else:
+        assert "133.3 batches/s on them against 64.0 on processes" in method.reason
 
 
 @pytest.mark.parametrize(("others", "tried"), [(0.4, False), (0.0, True)])

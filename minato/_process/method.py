@@ -221,8 +221,13 @@ TRIAL_TOLERANCE = 0.03
 # compute, the loop waiting for data) measures threads from its decision on,
 # as it measures processes after their start: the batches before it are the
 # epoch's cold start on threads, slower than the threads' later ones
-# (benchmarks/RESULTS.md, session 29). Its first batches after the decision
-# may have been loaded before it, and arrive at once: left out.
+# (benchmarks/RESULTS.md, session 29). So does a trial for a loop that
+# never waited while more worker threads were at work than cores (see
+# PACE_MAX_PARALLEL): their start-up, not the threads, slowed it (32 threads
+# sleeping a millisecond a sample, a later loader of the dataset: its first
+# 0.15 s read 37 batches/s, the epoch on threads 133, on the processes that
+# trial kept 64; RESULTS.md, session 31). Its first batches after the
+# decision may have been loaded before it, and arrive at once: left out.
 LOADING_TRIAL_SKIP = 2
 # Such a trial keeps processes only where the loop ran this much faster on
 # them: a move costs memory that threads do not (the fork server and its
@@ -484,6 +489,9 @@ class WorkerMethod:
         # that compute, the loop waiting for data): threads it keeps do not
         # say whether they would slow a loop that sets the pace.
         self._loading_trial = False
+        # Whether the trial times threads from its decision on (see
+        # LOADING_TRIAL_SKIP), wanting LOADING_TRIAL_GAIN.
+        self._threads_from_decision = False
         # Whether the trial's thread side is short though a gain is wanted
         # (see _judge_loop).
         self._short_threads_side = False
@@ -552,7 +560,7 @@ class WorkerMethod:
         (threads, on_threads), processes = self._threads_rate(), trial.rate
         if self._on_threads.intervals < TRIAL_MIN_BATCHES:
             margin = -SHORT_SIDE_TOLERANCE
-        elif self._loading_trial:
+        elif self._threads_from_decision:
             margin = LOADING_TRIAL_GAIN
         elif self._gain_wanted:
             margin = TRIAL_GAIN
@@ -579,10 +587,16 @@ class WorkerMethod:
         arrive at once: a side of two such batches read as a loop faster
         than threads can feed. Not for a loop that sets the pace: its steps
         are the rate; nor for a trial that asks only whether processes load
-        faster: its threads side, a second long, starts at its decision
-        (see LOADING_TRIAL_SKIP)."""
+        faster, nor for one beside more threads at work than cores: its
+        threads side, a second long, starts at its decision (see
+        LOADING_TRIAL_SKIP)."""
         arm, loaded = self._on_threads, self._threads_loaded
-        if self._short_threads_side or self._loading_trial or loaded is None or arm.samples <= 0:
+        if (
+            self._short_threads_side
+            or self._threads_from_decision
+            or loaded is None
+            or arm.samples <= 0
+        ):
             return arm.rate, "on threads"
         fed = loaded * arm.intervals / arm.samples
         if fed < arm.rate:
@@ -733,16 +747,25 @@ class WorkerMethod:
         steps = self._paced_batches - window.paced_batches
         step = (paced_for - (self._waited - window.waited)) / steps if steps else 0.0
         # (Not beside more threads at work than cores: see PACE_MAX_PARALLEL.)
+        crowded = busy > PACE_MAX_PARALLEL * _cores() * elapsed
         shows_pace = (
             can_trial
             and waited_share < LOOP_BOUND_WAITED
             and samples >= MIN_SAMPLES
             and step >= self._first_wait > 0
-            and busy <= PACE_MAX_PARALLEL * _cores() * elapsed
+            and not crowded
         )
         if self._threads_inherited:
             return self._judge_loop(
-                elapsed, samples, seen_for, loop_bound, judged, can_trial, shows_pace, window
+                elapsed,
+                samples,
+                seen_for,
+                loop_bound,
+                judged,
+                can_trial,
+                shows_pace,
+                crowded,
+                window,
             )
         if elapsed >= CLEAR_WINDOW_S and samples >= MIN_SAMPLES:
             if share >= CLEAR_GIL_SHARE:
@@ -797,7 +820,8 @@ class WorkerMethod:
         if loop_bound:
             return self._try_for_the_loop(
                 f"the training loop sets the pace (it waited for data {waited_share:.0%} "
-                "of its time), and worker threads may slow it"
+                "of its time), and worker threads may slow it",
+                crowded,
             )
         # A few probes suffice when the delay is far past the bound.
         clear = self._probes >= 2 and judged >= CLEAR_DELAY_FACTOR * LOOP_DELAY_BOUND_S
@@ -890,6 +914,7 @@ class WorkerMethod:
         judged: float,
         can_trial: bool,
         shows_pace: bool,
+        crowded: bool,
         window: _Window,
     ) -> str | None:
         """With threads decided for an earlier loader: only this loop's own
@@ -901,7 +926,7 @@ class WorkerMethod:
             return "warm" if loop_bound else None
         delayed = self._probes >= MIN_PROBES and judged >= LOOP_DELAY_TRIAL_S
         if loop_bound:
-            return self._try_for_the_loop(f"the training loop sets the pace, {kept}")
+            return self._try_for_the_loop(f"the training loop sets the pace, {kept}", crowded)
         if can_trial and delayed:
             # A loop that waits for data (one that sets the pace is tried
             # above): as for this loader's own first decision.
@@ -926,15 +951,22 @@ class WorkerMethod:
         short = _processes_gain_short(window, elapsed)
         if short is not None:
             return self._decide(False, f"auto: {short} while the training loop waits for data")
-        self._gain_wanted = self._loading_trial = True
+        self._gain_wanted = self._loading_trial = self._threads_from_decision = True
         return self._decide(True, why)
 
-    def _try_for_the_loop(self, why: str) -> str | None:
+    def _try_for_the_loop(self, why: str, crowded: bool = False) -> str | None:
         """A trial on processes for a training loop that sets the pace, kept
         only if the loop gains on them. Its steps on threads with every batch
         so far are the threads' side: a second more of them, slowed by the
-        threads wherever they slow it, would be all of a short epoch."""
-        self._gain_wanted = self._short_threads_side = True
+        threads wherever they slow it, would be all of a short epoch. Not
+        where more worker threads were at work than cores (`crowded`): those
+        steps ran beside the threads' start-up, and threads are timed from
+        the decision on (see LOADING_TRIAL_SKIP)."""
+        self._gain_wanted = True
+        if crowded:
+            self._threads_from_decision = True
+        else:
+            self._short_threads_side = True
         return self._decide(True, f"auto: {why}")
 
     def _decide(self, processes: bool, reason: str) -> str | None:
@@ -942,7 +974,7 @@ class WorkerMethod:
         seen_for, seen_samples = self._seen
         if processes and seen_for > 0 and seen_samples > 0:
             self._threads_loaded = seen_samples / seen_for
-        if processes and self._loading_trial:
+        if processes and self._threads_from_decision:
             self._on_threads = _Arm(skip=LOADING_TRIAL_SKIP)
         self._threads_inherited = False
         self.wants_processes = processes
