@@ -305,3 +305,29 @@ def test_a_worker_process_killed_mid_run_leaves_every_other_sample_whole(tmp_pat
     for images, indices in held:
         for image, index in zip(images, indices, strict=True):
             assert torch.all(image == int(index))
+
+
+def test_arenas_a_loop_once_held_are_given_back_once_it_no_longer_needs_them() -> None:
+    # A persistent loader whose loop once kept a whole epoch's batches (a
+    # list(loader)): once let go, the arenas they lay in are kept only as far
+    # as later batches need them, as torch's shared memory goes with its
+    # batches.
+    loader = minato.DataLoader(
+        Samples(),
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        worker_method="multiprocessing",
+        persistent_workers=True,
+    )
+    held = list(loader)
+    pool = loader._iterator._processes.arenas
+    assert pool is not None and pool.lent_arenas >= 20
+    assert sorted(_check(held)) == list(range(192))
+    del held
+    gc.collect()
+    assert pool.free_arenas >= 20
+    for _ in range(2):  # one batch at a time, each let go before the next
+        assert sorted(_check(batch for batch in loader)) == list(range(192))
+    in_flight = 2 * loader.num_workers * loader.prefetch_factor
+    assert pool.free_arenas + pool.lent_arenas <= in_flight + 2

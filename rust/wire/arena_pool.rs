@@ -19,6 +19,12 @@ use super::arena::{Arena, ArenaLayout};
 /// rest does not keep its busiest moment's memory.
 pub const MAX_FREE_ARENAS: usize = 64;
 pub const MAX_FREE_BYTES: usize = 1 << 30;
+/// Free arenas no lend needed over this many lends in a row are unmapped,
+/// all but `SPARE_FREE_ARENAS`: a loop that once held many batches (a
+/// `list(loader)`) does not keep their memory for the rest of a persistent
+/// loader's life, as torch's shared memory goes with its batches.
+pub const TRIM_AFTER_LENDS: u32 = 32;
+pub const SPARE_FREE_ARENAS: usize = 1;
 /// Batches in a row that could not be handed out as they lay before arenas
 /// stop being lent (samples that never keep their places: `in_order=False`,
 /// or leaves whose sizes vary).
@@ -112,6 +118,10 @@ struct PoolState {
     misses: u32,
     next_id: u32,
     free: Vec<(u32, Arena, u64)>,
+    /// Lends since the free arenas were last trimmed, and the fewest free
+    /// arenas any of them left idle (see `TRIM_AFTER_LENDS`).
+    lends: u32,
+    fewest_free: Option<usize>,
     live: HashMap<u32, Weak<Lease>>,
     /// This epoch's, by first position.
     expected: BTreeMap<u64, Expected>,
@@ -129,6 +139,9 @@ pub struct Placement {
     pub leases: Vec<Arc<Lease>>,
     pub announce: Vec<Arc<Lease>>,
     pub forget: Vec<u32>,
+    /// Free arenas trimmed by this placement: unmapped as it goes, once
+    /// the pool's lock is let go.
+    pub retired: Vec<Arena>,
 }
 
 /// The loader's arenas, shared by its worker threads and its collate.
@@ -240,6 +253,12 @@ impl ArenaPool {
             return None;
         }
         if expected.lease.is_none() {
+            placement.retired.extend(trim(
+                &mut state.free,
+                &mut state.dropped,
+                &mut state.lends,
+                &mut state.fewest_free,
+            ));
             let (id, arena, generation) = match state.free.pop() {
                 Some(free) => free,
                 None => {
@@ -314,6 +333,35 @@ impl ArenaPool {
     pub fn lent_arenas(&self) -> usize {
         self.state().live.len()
     }
+}
+
+/// Counts a lend about to take one of `free`; after `TRIM_AFTER_LENDS` of
+/// them, takes out the free arenas none of them needed (those every lend
+/// left idle, all but `SPARE_FREE_ARENAS`), recorded as dropped so that
+/// workers forget them.
+fn trim(
+    free: &mut Vec<(u32, Arena, u64)>,
+    dropped: &mut HashSet<u32>,
+    lends: &mut u32,
+    fewest_free: &mut Option<usize>,
+) -> Vec<Arena> {
+    let idle = free.len().saturating_sub(1);
+    let fewest = fewest_free.map_or(idle, |fewest| fewest.min(idle));
+    *lends += 1;
+    if *lends < TRIM_AFTER_LENDS {
+        *fewest_free = Some(fewest);
+        return Vec::new();
+    }
+    *lends = 0;
+    *fewest_free = None;
+    let surplus = fewest.saturating_sub(SPARE_FREE_ARENAS);
+    // The longest unused first: the free list is a stack.
+    free.drain(..surplus)
+        .map(|(id, arena, _)| {
+            dropped.insert(id);
+            arena
+        })
+        .collect()
 }
 
 /// Counts a hit or a miss; past `MAX_MISSES` in a row, lending stops and
@@ -471,6 +519,40 @@ mod tests {
             pool.free_arenas(),
             MAX_FREE_BYTES / pool.layout().unwrap().size()
         );
+    }
+
+    #[test]
+    fn free_arenas_no_lend_needed_are_unmapped_and_forgotten() {
+        let pool = pool();
+        // The loop holds 20 batches at once, then lets them all go.
+        let held: Vec<Placement> = (0..20u64)
+            .map(|batch| {
+                pool.expect(batch, 0, 1);
+                pool.place(3, &[batch])
+            })
+            .collect();
+        let ids: HashSet<u32> = held
+            .iter()
+            .map(|placement| placement.destinations[0].unwrap().arena)
+            .collect();
+        drop(held);
+        assert_eq!(pool.free_arenas(), 20);
+        // Then one batch at a time, each gone before the next is lent.
+        let mut forgotten = Vec::new();
+        for batch in 20..20 + 2 * u64::from(TRIM_AFTER_LENDS) {
+            pool.expect(batch, 0, 1);
+            let placement = pool.place(3, &[batch]);
+            forgotten.extend(placement.forget.iter().copied());
+        }
+        assert_eq!(pool.free_arenas(), SPARE_FREE_ARENAS + 1);
+        assert_eq!(forgotten.len(), 20 - SPARE_FREE_ARENAS - 1);
+        assert!(forgotten.iter().all(|id| ids.contains(id)));
+        // A steady loop keeps what it uses.
+        for batch in 100..100 + 2 * u64::from(TRIM_AFTER_LENDS) {
+            pool.expect(batch, 0, 1);
+            assert!(pool.place(3, &[batch]).forget.is_empty());
+        }
+        assert_eq!(pool.free_arenas(), SPARE_FREE_ARENAS + 1);
     }
 
     #[test]
