@@ -223,11 +223,10 @@ TRIAL_TOLERANCE = 0.03
 # epoch's cold start on threads, slower than the threads' later ones
 # (benchmarks/RESULTS.md, session 29). So does a trial for a loop that
 # never waited while more worker threads were at work than cores (see
-# PACE_MAX_PARALLEL): their start-up, not the threads, slowed it (32 threads
-# sleeping a millisecond a sample, a later loader of the dataset: its first
-# 0.15 s read 37 batches/s, the epoch on threads 133, on the processes that
-# trial kept 64; RESULTS.md, session 31). Its first batches after the
-# decision may have been loaded before it, and arrive at once: left out.
+# PACE_MAX_PARALLEL): their start-up, not the threads, slowed it, and a
+# trial on it kept processes that ran at half the threads' later rate
+# (RESULTS.md, session 31). Its first batches after the decision may have
+# been loaded before it, and arrive at once: left out.
 LOADING_TRIAL_SKIP = 2
 # Such a trial keeps processes only where the loop ran this much faster on
 # them: a move costs memory that threads do not (the fork server and its
