@@ -178,40 +178,61 @@ mod tests {
     fn a_worker_waiting_on_its_computing_process_is_computing() {
         use std::process::Command;
 
-        // A process that computes, and one that sleeps. The spinning one
-        // says when it runs: on a loaded machine its exec can sit in
-        // uninterruptible sleep (state D) for seconds.
+        // A process that computes, and one that waits on a pipe. Each says
+        // when it runs its loop or wait: on a loaded machine an exec can sit
+        // in uninterruptible sleep (state D) for seconds, and one starting
+        // up can read as sleeping for a moment before it runs again.
+        let said_started = |child: &mut std::process::Child| {
+            let mut started = String::new();
+            std::io::BufRead::read_line(
+                &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+                &mut started,
+            )
+            .unwrap();
+            assert_eq!(started, "started\n");
+        };
         let mut spinning = Command::new("sh")
             .args(["-c", "echo started; while :; do :; done"])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let mut started = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(spinning.stdout.take().unwrap()),
-            &mut started,
-        )
-        .unwrap();
-        assert_eq!(started, "started\n");
-        let mut sleeping = Command::new("sleep").arg("120").spawn().unwrap();
+        said_started(&mut spinning);
+        // `read` is the shell's own: nothing is loaded between the line and
+        // the wait, which lasts while this test holds the pipe's other end.
+        let mut sleeping = Command::new("sh")
+            .args(["-c", "echo started; read line"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        said_started(&mut sleeping);
         let sites = std::thread::spawn(move || {
             assert!(!computes_in(Some(spinning.id())), "not yet a worker");
             let site = WorkerSite::register_current();
             // The thread itself waits (here: runs this check).
             assert!(computes_in(Some(spinning.id())));
-            // The state read once it reads `expected`, or after a minute.
+            // The state once it has read `expected` ten times in a row, or
+            // the last one read after a minute.
             let settled = |expected: bool| {
                 let deadline = Instant::now() + Duration::from_secs(60);
-                while site.is_computing() != Some(expected) && Instant::now() < deadline {
+                let mut in_a_row = 0;
+                loop {
+                    let state = site.is_computing();
+                    in_a_row = if state == Some(expected) {
+                        in_a_row + 1
+                    } else {
+                        0
+                    };
+                    if in_a_row == 10 || Instant::now() >= deadline {
+                        return state;
+                    }
                     std::thread::sleep(Duration::from_millis(10));
                 }
-                site.is_computing()
             };
             let mut computing = vec![settled(true)];
             // What the kernel said of the spinning process, should it fail.
             let spinning_stat = std::fs::read_to_string(format!("/proc/{}/stat", spinning.id()));
             assert!(computes_in(Some(sleeping.id())));
-            // The sleeper runs only until its exec reaches the sleep.
             computing.push(settled(false));
             let _ = spinning.kill();
             let _ = spinning.wait();
