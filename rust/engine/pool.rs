@@ -416,6 +416,16 @@ impl<W: WorkerHooks> Pool<W> {
             .sum()
     }
 
+    /// Whether a task not flagged slow that started before `at` is still
+    /// running.
+    pub fn runs_a_fast_task_started_before(&self, at: Instant) -> bool {
+        let state = self.shared.state();
+        state
+            .busy
+            .values()
+            .any(|busy| !busy.flagged_slow && busy.started < at)
+    }
+
     /// How long task `seq` has worked so far (its pauses, such as waits
     /// for the GIL, left out), and its samples, while a worker runs it;
     /// None otherwise. See [`Busy::worked`].

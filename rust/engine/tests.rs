@@ -1253,6 +1253,32 @@ fn an_adaptive_engine_grows_on_scaling_work_and_delivers_everything_once() {
     assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
 }
 
+#[test]
+fn an_adaptive_pool_judges_no_window_before_the_tasks_running_at_its_start_end() {
+    // The first task is long, the rest short: a window of a few short tasks
+    // would measure workers that have not yet met a long one.
+    let long = Duration::from_millis(400);
+    let mut cfg = config(4, 16, Order::Completion, Dispatch::Shared);
+    cfg.adaptive = Some(ControllerConfig::new(1, 16));
+    let (mut engine, _) = start(cfg);
+    engine
+        .submit(value_after(0, long.as_micros() as u64))
+        .unwrap();
+    let mut value = 1;
+    // The consumer takes every result at once: it starves, and the pool
+    // grows once a window is judged.
+    while engine.stats().resizes.is_empty() {
+        while engine.can_submit() {
+            engine.submit(value_after(value, 1_000)).unwrap();
+            value += 1;
+        }
+        engine.recv(WAIT).unwrap();
+    }
+    let first = engine.stats().resizes[0];
+    assert!(first.at >= long, "{first:?}");
+    engine.shutdown(WAIT);
+}
+
 /// Test hooks whose workers but the first take `start` to set up (a worker
 /// thread copying its dataset, a worker process starting).
 /// Tasks run as [`Hooks`] runs them.
