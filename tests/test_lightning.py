@@ -249,6 +249,7 @@ def test_ddp_two_processes_shard_with_distributed_sampler(tmp_path: Path) -> Non
             # Re-created by Lightning with its sampler: still minato's, options intact.
             assert loader["type"] == "minato.dataloader.DataLoader", key
             assert loader["options"] == MINATO_OPTIONS, key
+            assert loader["worker_method"] == "thread", key
             assert loader["num_workers"] == 2, key
             assert loader["sampler"] == "DistributedSampler", key
             assert (loader["num_replicas"], loader["sampler_rank"]) == (2, rank), key
@@ -259,7 +260,8 @@ def test_ddp_two_processes_shard_with_distributed_sampler(tmp_path: Path) -> Non
         assert record["train_loader"]["reorders"] is True
         # Lightning calls set_epoch before each epoch.
         assert record["sampler_epochs"] == {"0": 0, "1": 1}
-        # Loaded by minato's worker threads, in the rank's own process.
+        # Loaded by minato's worker threads (the script pins them: its run is
+        # about sharding), in the rank's own process.
         assert record["batch_pids"] == [record["pid"]]
         assert record["all_thread_workers"] is True
     assert ranks[0]["pid"] != ranks[1]["pid"]
