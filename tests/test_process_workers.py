@@ -1987,6 +1987,47 @@ def test_a_loop_gil_delay_beside_workers_that_wait_keeps_threads(
     assert "workers on a CPU 5% of their time" in method.reason
 
 
+def test_a_samples_cost_leaves_out_each_worker_threads_first_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two threads' first tasks took 2 ms of CPU each (their first torch
+    # op, the process's first), the other 14 samples 50 us each: over the
+    # whole window they read 294 us a sample, worth a process; they cost 50.
+    clock, method, _ = _auto_on_a_clock(monkeypatch, first_task_cpu=0.0, first_task_samples=0)
+    clock.now = _worker_method.DECIDE_AFTER_S
+    figures = {
+        "samples_loaded": 16,
+        "busy": 0.006,
+        "gil_wait": 0.0,
+        "cpu": 2 * 0.002 + 14 * 50e-6,
+        "first_task_cpu": 2 * 0.002,
+        "first_task_samples": 2,
+    }
+    assert method.observe(figures) is None
+    assert method.decided and not method.wants_processes
+    assert "samples take 50 us of CPU, too little" in method.reason
+
+
+def test_a_samples_cost_counts_first_tasks_where_no_other_ran(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every sample so far was in a first task (runs of 8): those are all
+    # there is to time.
+    clock, method, _ = _auto_on_a_clock(monkeypatch)
+    clock.now = _worker_method.DECIDE_AFTER_S
+    figures = {
+        "samples_loaded": 16,
+        "busy": 0.0008,
+        "gil_wait": 0.0,
+        "cpu": 16 * 50e-6,
+        "first_task_cpu": 16 * 50e-6,
+        "first_task_samples": 16,
+    }
+    method.observe(figures)
+    assert method.decided and not method.wants_processes
+    assert "samples take 50 us of CPU, too little" in method.reason
+
+
 def test_many_threads_waiting_for_the_gil_over_cheap_samples_keep_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -2368,8 +2409,16 @@ def test_a_dataset_that_computes_without_the_gil_tries_processes_in_its_first_ep
     # machine, the loop's GIL probe (whose re-take waits for a core too)
     # past its bound first; or, where other processes hold a core, threads
     # that together get about one core while at work at once, which is
-    # what GIL-bound threads look like.
-    signs = ("the workers compute", "to take the GIL back", "runs them one at a time")
+    # what GIL-bound threads look like; or, its cores shared with another
+    # test run, threads that waited for the GIL past its line (the Python
+    # around each hash holds it, and a thread preempted holding it keeps
+    # the others waiting).
+    signs = (
+        "the workers compute",
+        "to take the GIL back",
+        "runs them one at a time",
+        "worker threads waited for the GIL",
+    )
     assert any(sign in reason for sign in signs), reason
     del loader
     assert wait_until(lambda: not workers_of_this_process())

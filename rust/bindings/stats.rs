@@ -78,6 +78,8 @@ pub(crate) fn to_dict<'py>(
     dict.set_item("samples_loaded", stats.samples_loaded)?;
     dict.set_item("busy", stats.busy.as_secs_f64())?;
     dict.set_item("cpu", stats.cpu.as_secs_f64())?;
+    dict.set_item("first_task_cpu", stats.first_task_cpu.as_secs_f64())?;
+    dict.set_item("first_task_samples", stats.first_task_samples)?;
     dict.set_item("gil_wait", gil_wait.total().as_secs_f64())?;
     dict.set_item("queue_occupancy", stats.occupancy)?;
     dict.set_item("queue_asks", stats.asks)?;

@@ -205,6 +205,12 @@ pub(crate) struct PoolShared {
     pub busy_nanos: AtomicU64,
     /// The workers' own CPU time inside the tasks of `busy_nanos`.
     pub cpu_nanos: AtomicU64,
+    /// Of those, each worker thread's first task: its CPU time and samples.
+    /// It carries one-off costs that are no sample's (the thread's first
+    /// torch op, the process's first), which made cheap samples read as
+    /// costly over the few a first judgement sees.
+    pub first_task_cpu_nanos: AtomicU64,
+    pub first_task_samples: AtomicU64,
     started: Instant,
     state: Mutex<PoolState>,
     a_worker_exited: Condvar,
@@ -311,6 +317,8 @@ impl<W: WorkerHooks> Pool<W> {
                 tasks_done: AtomicU64::new(0),
                 busy_nanos: AtomicU64::new(0),
                 cpu_nanos: AtomicU64::new(0),
+                first_task_cpu_nanos: AtomicU64::new(0),
+                first_task_samples: AtomicU64::new(0),
                 started: Instant::now(),
                 state: Mutex::new(PoolState {
                     live: 0,
@@ -723,6 +731,7 @@ fn worker_main<W: WorkerHooks>(
         let mut state = catch_unwind(AssertUnwindSafe(|| hooks.init(worker_id)))
             .map_err(|payload| panic_message(&*payload));
         live.entered_loop();
+        let mut first_task = true;
         loop {
             let task = match tasks.recv_timeout(IDLE_CHECK) {
                 Ok(task) => task,
@@ -782,6 +791,14 @@ fn worker_main<W: WorkerHooks>(
                 let cpu = thread_cpu_time().saturating_sub(cpu_started);
                 let cpu = u64::try_from(cpu.as_nanos()).unwrap_or(u64::MAX);
                 shared.cpu_nanos.fetch_add(cpu, Ordering::Relaxed);
+                if std::mem::take(&mut first_task) {
+                    shared
+                        .first_task_cpu_nanos
+                        .fetch_add(cpu, Ordering::Relaxed);
+                    shared
+                        .first_task_samples
+                        .fetch_add(task.samples as u64, Ordering::Relaxed);
+                }
             }
             let slow = {
                 let mut pool = shared.state();

@@ -28,6 +28,10 @@ pub struct EngineStats {
     /// The workers' own CPU time inside those tasks: near `busy` when they
     /// compute, near zero when they wait (I/O, sleeps, the GIL).
     pub cpu: Duration,
+    /// Of those, each worker thread's first task's CPU time and samples
+    /// (one-off costs, no sample's).
+    pub first_task_cpu: Duration,
+    pub first_task_samples: u64,
     /// Mean ready-queue occupancy (0..=1) seen by the consumer when it asked
     /// for the next batch; None before it asked.
     pub occupancy: Option<f64>,

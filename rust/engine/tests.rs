@@ -1357,6 +1357,21 @@ fn sizes_after_scaling_work(resized: impl FnOnce(&Engine<Hooks>)) -> (Vec<usize>
 }
 
 #[test]
+fn each_worker_threads_first_task_is_counted_apart() {
+    let (mut engine, _) = start(config(3, 6, Order::Completion, Dispatch::Shared));
+    let jobs: Vec<Job> = (0..60).map(|value| value_after(value, 200)).collect();
+    let workers_that_ran: BTreeSet<usize> = run_all(&mut engine, &jobs)
+        .into_iter()
+        .map(|out| out.unwrap().0)
+        .collect();
+    let stats = engine.stats();
+    // One task of one sample each, for every worker that ran one.
+    assert_eq!(stats.first_task_samples, workers_that_ran.len() as u64);
+    assert!(stats.first_task_cpu <= stats.cpu);
+    engine.shutdown(WAIT);
+}
+
+#[test]
 fn a_fixed_pool_is_no_longer_resized_by_the_controller() {
     let (history, settled) = sizes_after_scaling_work(|engine| engine.fix_workers(2));
     assert_eq!(history, [1, 2]);

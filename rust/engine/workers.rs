@@ -177,6 +177,10 @@ impl<W: WorkerHooks> Workers<W> {
             samples_loaded: shared.samples_done.load(Ordering::Relaxed),
             busy: Duration::from_nanos(shared.busy_nanos.load(Ordering::Relaxed)),
             cpu: Duration::from_nanos(shared.cpu_nanos.load(Ordering::Relaxed)),
+            first_task_cpu: Duration::from_nanos(
+                shared.first_task_cpu_nanos.load(Ordering::Relaxed),
+            ),
+            first_task_samples: shared.first_task_samples.load(Ordering::Relaxed),
             occupancy: self.occupancy.mean(),
             asks: self.occupancy.asks(),
             loop_step: self.steps.mean(),
