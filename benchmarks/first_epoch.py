@@ -25,7 +25,12 @@ turn, repeated:
   fresh interpreter (``MINATO_FORK_SERVER=exec``);
 - minato on threads.
 
-    python benchmarks/first_epoch.py [--images 768] [--repeats 2] [--workers 2 8]
+``--let-go MIB``: the process holds MIB of CPU tensors (a model on the
+CPU, a checkpoint) when the loader is built and lets them go just after
+(the model moved to the GPU), before ``iter()``; the peak counts from then.
+A fork server forked as the loader is built would keep its own copy.
+
+    python benchmarks/first_epoch.py [--images 768] [--repeats 2] [--workers 2 8] [--let-go 300]
 """
 
 from __future__ import annotations
@@ -71,6 +76,12 @@ class TreePeak:
         assert self.sampler.stdout is not None
         self.base, self.base_all = map(float, self.sampler.stdout.readline().split())
 
+    def restart(self) -> None:
+        """The peak counts from now (what was let go before is not in it)."""
+        assert self.sampler.stdin is not None
+        self.sampler.stdin.write("restart\n")
+        self.sampler.stdin.flush()
+
     def stop(self) -> tuple[float, float]:
         assert self.sampler.stdout is not None and self.sampler.stdin is not None
         self.sampler.stdin.close()
@@ -79,7 +90,9 @@ class TreePeak:
         return peak - self.base, peak_all - self.base_all
 
 
-def run_one(kind: str, method: str | None, images: int, workers: int, interval: float) -> None:
+def run_one(
+    kind: str, method: str | None, images: int, workers: int, interval: float, let_go: int = 0
+) -> None:
     sys.path.insert(0, HERE)
     import torch.utils.data as tud
     from gpu_train import PilImages, generate_in_parallel
@@ -91,11 +104,17 @@ def run_one(kind: str, method: str | None, images: int, workers: int, interval: 
     loader_class = tud.DataLoader if kind == "torch" else minato.DataLoader
 
     peak = TreePeak(interval)
+    import torch
+
+    held = torch.ones(let_go << 18) if let_go else None  # float32, written
     started = time.perf_counter()
     loader = loader_class(
         PilImages(data), batch_size=16, shuffle=True, num_workers=workers, **options
     )
     built = time.perf_counter()
+    if held is not None:
+        del held
+        peak.restart()
     batches = iter(loader)
     next(batches)
     first = time.perf_counter()
@@ -124,10 +143,14 @@ def sample_pss(root: int, interval: float) -> None:
 
     peak, peak_all = tree_pss()
     print(peak, peak_all, flush=True)
-    while interval > 0 and not select.select([sys.stdin], [], [], interval)[0]:
-        now, now_all = tree_pss()
-        peak, peak_all = max(peak, now), max(peak_all, now_all)
-    sys.stdin.read()
+    while True:
+        if interval > 0 and not select.select([sys.stdin], [], [], interval)[0]:
+            now, now_all = tree_pss()
+            peak, peak_all = max(peak, now), max(peak_all, now_all)
+            continue
+        if not sys.stdin.readline():  # closed: the run is over
+            break
+        peak, peak_all = tree_pss()  # restarted
     print(peak, peak_all, flush=True)
 
 
@@ -139,6 +162,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", choices=list(SYSTEMS), help="these systems only")
     # How often the tree's PSS is read (0: never, for figures of speed alone).
     parser.add_argument("--pss-interval", type=float, default=0.05)
+    # MiB held as the loader is built and let go before iter() (see above).
+    parser.add_argument("--let-go", type=int, default=0)
     parser.add_argument("--sample-pss", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -148,12 +173,13 @@ def main() -> None:
     if args.one:
         kind, method = args.one
         method = None if method == "-" else method
-        run_one(kind, method, args.images, args.workers[0], args.pss_interval)
+        run_one(kind, method, args.images, args.workers[0], args.pss_interval, args.let_go)
         return
     print(
         f"# first_epoch: PIL pipeline, {args.images} JPEGs held in memory, batch 16, "
         f"{os.cpu_count()} cores; each run a fresh interpreter; peak PSS of the process "
         "tree over its base"
+        + (f"; {args.let_go} MiB let go after the loader is built" if args.let_go else "")
     )
     print(
         f"  {'system':40s} {'workers':>7s} {'construct':>10s} {'first batch':>12s} "
@@ -173,6 +199,8 @@ def main() -> None:
                         str(workers),
                         "--pss-interval",
                         str(args.pss_interval),
+                        "--let-go",
+                        str(args.let_go),
                         "--one",
                         kind,
                         method or "-",

@@ -774,7 +774,12 @@ class ArrowNames(Dataset):
         return self.names[index * 1000].as_py()
 
 
-def test_a_datasets_arrow_array_reaches_worker_processes_by_shared_memory() -> None:
+def test_a_datasets_arrow_array_reaches_worker_processes_by_shared_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Not the fork server's inherited copy (test_inherit.py): one that was
+    # never registered with it, as when it was forked for an earlier loader.
+    monkeypatch.setattr(_process.inherit, "register", lambda dataset: None)
     loader = minato.DataLoader(
         ArrowNames(), batch_size=8, num_workers=2, worker_method="multiprocessing"
     )
@@ -1061,6 +1066,115 @@ def test_a_stopped_fork_server_is_reaped_where_no_thread_can_be_started(tmp_path
         """)
     run = _run_script(script, tmp_path)
     assert run.stdout.splitlines() == ["running False", "left False"], run.stdout
+
+
+def test_a_fork_server_holding_memory_let_go_since_is_forked_again_for_the_next_workers(
+    tmp_path: Path,
+) -> None:
+    # Forked as the loader is built, the server keeps its own copy of what
+    # this process frees afterwards (a CPU model moved to the GPU): torch's
+    # workers, forked as each epoch starts, never hold it. The next epoch's
+    # workers come from a server forked again; one that holds nothing more
+    # is kept.
+    script = textwrap.dedent("""
+        import os, time
+        import numpy as np
+        import minato
+        from minato._process import workers
+
+        held = np.arange(48 << 17, dtype=np.int64)  # 48 MiB, written
+        loader = minato.DataLoader(
+            list(range(16)), batch_size=4, num_workers=2, worker_method="multiprocessing"
+        )
+        first = workers._the_zygote.process.pid
+        data = sorted(int(i) for batch in loader for i in batch) == list(range(16))
+        print("first epoch, same server", workers._the_zygote.process.pid == first)
+        del held
+        # Its workers gone: while one is still exiting, it shares the pages.
+        deadline = time.monotonic() + 60
+        while workers._server_has_children() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        data &= sorted(int(i) for batch in loader for i in batch) == list(range(16))
+        second = workers._the_zygote.process.pid
+        print("second epoch, server forked again", second != first)
+        deadline = time.monotonic() + 60
+        while os.path.exists(f"/proc/{first}") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        print("the first left", not os.path.exists(f"/proc/{first}"))
+        while workers._server_has_children() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        data &= sorted(int(i) for batch in loader for i in batch) == list(range(16))
+        print("third epoch, same server", workers._the_zygote.process.pid == second)
+        print("data", data)
+        """)
+    run = _run_script(script, tmp_path)
+    assert run.stdout.splitlines() == [
+        "first epoch, same server True",
+        "second epoch, server forked again True",
+        "the first left True",
+        "third epoch, same server True",
+        "data True",
+    ], run.stdout
+
+
+def test_a_fork_server_stopped_aside_leaves_after_its_last_worker(tmp_path: Path) -> None:
+    # Replaced while a loader's worker processes still live, it stays their
+    # parent until they have exited (orphaned, they would be left to the
+    # machine's init), then leaves and is reaped.
+    script = textwrap.dedent("""
+        import gc, os, time
+        import minato
+        from minato._process import workers
+
+        def alive(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    return stat.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+            except OSError:
+                return False
+
+        def parent(pid):
+            with open(f"/proc/{pid}/stat") as stat:
+                return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+        loader = minato.DataLoader(
+            list(range(64)), batch_size=4, num_workers=2,
+            worker_method="multiprocessing", persistent_workers=True,
+        )
+        it = iter(loader)
+        next(it)
+        server = workers._the_zygote.process.pid
+
+        def kids_now():
+            with open(f"/proc/{server}/task/{server}/children") as children:
+                return [int(pid) for pid in children.read().split()]
+
+        deadline = time.monotonic() + 60
+        while len(kids_now()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        kids = kids_now()
+        print("workers", len(kids))
+        workers._stop_fork_server(aside=True)
+        time.sleep(0.5)
+        stays = alive(server) and all(parent(k) == server for k in kids)
+        print("stays beside its workers", stays or [server, alive(server), kids, kids_now()])
+        del it, loader
+        gc.collect()
+        deadline = time.monotonic() + 60
+        while alive(server) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # Its workers gone by then: it left last.
+        workers_gone = not any(alive(k) for k in kids)
+        while os.path.exists(f"/proc/{server}") and time.monotonic() < deadline:
+            time.sleep(0.01)  # reaped on a thread of its own
+        print("left", not os.path.exists(f"/proc/{server}"), workers_gone)
+        """)
+    run = _run_script(script, tmp_path)
+    assert run.stdout.splitlines() == [
+        "workers 2",
+        "stays beside its workers True",
+        "left True True",
+    ], run.stdout
 
 
 def test_the_option_forces_either_way() -> None:

@@ -451,6 +451,11 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         method.restart_window()
         if method.decided and not method.wants_processes:
             return None
+        if method.wants_processes:
+            # Its workers start now: from a server that shares this
+            # process's pages as they are (one that has come to hold those
+            # let go since it was forked is forked again, see warm_up).
+            warm_up(dataset=spec.dataset)
         return ProcessWorkers(
             spec,
             method,

@@ -13,7 +13,9 @@ Start: worker processes fork from minato's fork server
 (minato._process.zygote), started once per process when first wanted
 (``warm_up``): as a loader that will use processes is built, or as auto's
 measurements first point to processes (a loader that keeps threads never
-forks it). The fork server is forked from this process, by the calling
+forks it), and forked again before a loader's worker processes start
+where it has come to hold pages this process has since let go
+(``STALE_SERVER_BYTES``). The fork server is forked from this process, by the calling
 thread, with minato's worker threads held out of the user's code
 (minato._util.user_code), as torch forks its workers from it: it shares
 this process's pages copy-on-write (torch, the user's modules, the
@@ -270,9 +272,15 @@ def warm_up(modules: list[str] | None = None, dataset: Any = None) -> None:
     milliseconds, and the caller knows what its threads do: another
     thread's import half done would be half done in every worker);
     a fresh interpreter (``MINATO_FORK_SERVER=exec``) starts in the
-    background. Asking again for modules already asked for does nothing."""
+    background. Asking again for modules already asked for does nothing.
+    Given a dataset, a running server that has come to hold pages this
+    process let go since its fork (`_server_stale`) is replaced first."""
     global _warming_in
     forked = not exec_server_wanted()
+    if forked and dataset is not None and _zygote_running() and _server_stale():
+        # Only the training thread gives a dataset: the one a new server
+        # may be forked from.
+        _stop_fork_server(aside=True)
     if forked:
         # Up on return, even where these modules were asked for before (a
         # server that died since): auto pickles its workers' spec next.
@@ -638,6 +646,37 @@ def release_fork_server() -> bool:
     return True
 
 
+# A fork server's own pages, once it has forked an epoch's workers, are a
+# few MiB (benchmarks/RESULTS.md). Past this, it holds pages this process
+# has freed or written since the fork (a CPU model moved to the GPU, a
+# checkpoint let go after the loader was built): its copy of them, which
+# torch's workers, forked as each epoch starts, never hold.
+STALE_SERVER_BYTES = 16 << 20
+
+
+def _server_stale() -> bool:
+    """Whether this process's fork server holds `STALE_SERVER_BYTES` of
+    its own, and no live loader may still start a worker process from it
+    (one that may would race its replacement). Read only where it has no
+    worker process left: those still exiting share its pages, so that its
+    own would read short (it is read again as a later loader starts).
+    Where Linux does not tell, it is not stale."""
+    with contextlib.suppress(RuntimeError):  # a set changed while read: not now
+        if any(not workers.closed for workers in list(_live)):
+            return False
+        zygote = _the_zygote
+        if zygote is None or _server_has_children():
+            return False
+        try:
+            with open(f"/proc/{zygote.process.pid}/smaps_rollup") as rollup:
+                lines = rollup.read().splitlines()
+        except OSError:
+            return False
+        own = sum(int(line.split()[1]) for line in lines if line.startswith("Private_Dirty:"))
+        return own * 1024 >= STALE_SERVER_BYTES
+    return False
+
+
 def _server_has_children() -> bool:
     """Whether this process's fork server still has a child: a worker
     process stopped (its connection ended) may take a moment to exit.
@@ -654,7 +693,11 @@ def _server_has_children() -> bool:
         return False
 
 
-def _stop_fork_server(kill: bool = False) -> None:
+def _stop_fork_server(kill: bool = False, aside: bool = False) -> None:
+    """Stops this process's fork server: waited for (up to a second, then
+    killed), or, with `kill` or `aside`, reaped on a thread of its own.
+    Unless killed, it leaves once its last worker process has exited (none
+    is orphaned to this machine's init)."""
     global _the_zygote, _warming_in
     with _zygote_lock:
         zygote, _the_zygote = _the_zygote, None
@@ -668,6 +711,7 @@ def _stop_fork_server(kill: bool = False) -> None:
     zygote.sock.close()  # the fork server exits when its socket closes
     if kill:
         zygote.process.kill()
+    if kill or aside:
         # Its exit tears down an address space as large as this process's:
         # tens of milliseconds on busy cores, which the calling thread (the
         # training loop's) waited for (benchmarks/RESULTS.md, session 30).

@@ -13,7 +13,8 @@ cloudpickle, which sends what ``__main__`` defines by value.
 Protocol, over a Unix socket: the loader sends a request with one file
 descriptor (the worker's end of its own socket); the zygote forks, the
 child runs ``minato._process.child.main`` on it, and the zygote answers
-the child's pid. The zygote leaves when the loader's end closes.
+the child's pid. The zygote leaves when the loader's end closes, once its
+workers still exiting are gone (so that none is orphaned to init).
 
 A loader also sends the modules its dataset's pickle names (torchvision's
 transforms, the user's own package...), once: the zygote imports them, so
@@ -23,6 +24,7 @@ again when it unpickles the dataset (a second or more with torchvision).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -30,6 +32,7 @@ import signal
 import socket
 import struct
 import sys
+from typing import NoReturn
 
 # The zygote's answer to a request: the worker's pid.
 PID = struct.Struct("<q")
@@ -37,12 +40,21 @@ PID = struct.Struct("<q")
 LENGTH = struct.Struct("<I")
 
 
+def _leave() -> NoReturn:
+    """Exits once every worker forked here has: with SIGCHLD ignored, the
+    kernel reaps them, and ``wait`` returns when none is left."""
+    with contextlib.suppress(ChildProcessError):
+        while True:
+            os.wait()
+    os._exit(0)
+
+
 def _recv_exactly(control: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
         more = control.recv(size - len(data))
         if not more:
-            os._exit(0)
+            _leave()
         data += more
     return data
 
@@ -67,14 +79,14 @@ def serve(fd: int) -> None:
         try:
             request, fds, _, _ = socket.recv_fds(control, 1, 1)
         except OSError:
-            os._exit(0)
+            _leave()
         if request == b"i":
             (size,) = LENGTH.unpack(_recv_exactly(control, LENGTH.size))
             _import_all(json.loads(_recv_exactly(control, size)))
             control.sendall(b"k")
             continue
         if not fds:  # the loader's end closed
-            os._exit(0)
+            _leave()
         pid = os.fork()
         if pid == 0:
             control.close()
