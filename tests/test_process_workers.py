@@ -635,11 +635,11 @@ def test_auto_keeps_threads_where_the_work_releases_the_gil() -> None:
     assert wait_until(lambda: not workers_of_this_process())
 
 
-def _run_script(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """Runs `script` in a fresh interpreter (no other test's loader holds the
-    fork server there) and checks that it succeeded."""
+def _run_script(script: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Runs `script` (with `args`) in a fresh interpreter (no other test's
+    loader holds the fork server there) and checks that it succeeded."""
     run = subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, "-c", script, *args],
         cwd=tmp_path,  # the installed minato, not the checkout's sources
         capture_output=True,
         text=True,
@@ -1068,16 +1068,17 @@ def test_a_stopped_fork_server_is_reaped_where_no_thread_can_be_started(tmp_path
     assert run.stdout.splitlines() == ["running False", "left False"], run.stdout
 
 
-def test_a_fork_server_holding_memory_let_go_since_is_forked_again_for_the_next_workers(
-    tmp_path: Path,
+@pytest.mark.parametrize("how", ["let go", "written"])
+def test_a_fork_server_holding_memory_let_go_or_written_since_is_forked_again(
+    how: str, tmp_path: Path
 ) -> None:
     # Forked as the loader is built, the server keeps its own copy of what
-    # this process frees afterwards (a CPU model moved to the GPU): torch's
-    # workers, forked as each epoch starts, never hold it. The next epoch's
-    # workers come from a server forked again; one that holds nothing more
-    # is kept.
+    # this process frees or writes afterwards (a CPU model moved to the GPU,
+    # or trained in place): torch's workers, forked as each epoch starts,
+    # never hold it. The next epoch's workers come from a server forked
+    # again; one that holds nothing more is kept.
     script = textwrap.dedent("""
-        import os, time
+        import os, sys, time
         import numpy as np
         import minato
         from minato._process import workers
@@ -1089,25 +1090,26 @@ def test_a_fork_server_holding_memory_let_go_since_is_forked_again_for_the_next_
         first = workers._the_zygote.process.pid
         data = sorted(int(i) for batch in loader for i in batch) == list(range(16))
         print("first epoch, same server", workers._the_zygote.process.pid == first)
-        del held
-        # Its workers gone: while one is still exiting, it shares the pages.
-        deadline = time.monotonic() + 60
-        while workers._server_has_children() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        if sys.argv[1] == "let go":
+            del held
+        else:
+            held += 1
+            # Read where no worker of it is left (one exiting shares its pages).
+            deadline = time.monotonic() + 60
+            while workers._server_has_children() and time.monotonic() < deadline:
+                time.sleep(0.02)
         data &= sorted(int(i) for batch in loader for i in batch) == list(range(16))
         second = workers._the_zygote.process.pid
         print("second epoch, server forked again", second != first)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 60  # it leaves once the first epoch's workers have
         while os.path.exists(f"/proc/{first}") and time.monotonic() < deadline:
             time.sleep(0.02)
         print("the first left", not os.path.exists(f"/proc/{first}"))
-        while workers._server_has_children() and time.monotonic() < deadline:
-            time.sleep(0.02)
         data &= sorted(int(i) for batch in loader for i in batch) == list(range(16))
         print("third epoch, same server", workers._the_zygote.process.pid == second)
         print("data", data)
         """)
-    run = _run_script(script, tmp_path)
+    run = _run_script(script, tmp_path, how)
     assert run.stdout.splitlines() == [
         "first epoch, same server True",
         "second epoch, server forked again True",

@@ -14,7 +14,7 @@ Start: worker processes fork from minato's fork server
 (``warm_up``): as a loader that will use processes is built, or as auto's
 measurements first point to processes (a loader that keeps threads never
 forks it), and forked again before a loader's worker processes start
-where it has come to hold pages this process has since let go
+where it holds pages this process has since let go
 (``STALE_SERVER_BYTES``). The fork server is forked from this process, by the calling
 thread, with minato's worker threads held out of the user's code
 (minato._util.user_code), as torch forks its workers from it: it shares
@@ -52,7 +52,9 @@ import contextlib
 import dataclasses
 import gc
 import json
+import mmap
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -82,9 +84,14 @@ class _ForkedServer:
     """A fork server forked from this process, with the part of
     ``subprocess.Popen``'s interface the loader uses."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, anonymous_at_fork: int | None) -> None:
         self.pid = pid
         self.returncode: int | None = None
+        # This process's anonymous resident bytes as it forked the server,
+        # and its minor page faults when the server's own pages were last
+        # read (see `_server_stale`).
+        self.anonymous_at_fork = anonymous_at_fork
+        self.faults_at_look = _minor_faults()
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -123,6 +130,7 @@ def _fork_server(theirs: socket.socket) -> _ForkedServer:
     # fork waits so (its at-fork hook); waiting here, before the warnings
     # filters are swapped, keeps that window to the fork itself, and the
     # hook then finds no thread inside.
+    anonymous = _anonymous_resident()
     with out_of_user_code(FORK_QUIET_BOUND_S), warnings.catch_warnings():
         # Python warns of forking a process with threads; the child runs
         # only the fork server's loop and what its workers are sent.
@@ -130,7 +138,7 @@ def _fork_server(theirs: socket.socket) -> _ForkedServer:
         pid = os.fork()
     if pid:
         inherit.server_forked()
-        return _ForkedServer(pid)
+        return _ForkedServer(pid, anonymous)
     try:
         # The parent's Python signal handlers (a trainer's SIGTERM checkpoint,
         # say) are not the fork server's, nor its workers'.
@@ -646,29 +654,65 @@ def release_fork_server() -> bool:
     return True
 
 
-# A fork server's own pages, once it has forked an epoch's workers, are a
-# few MiB (benchmarks/RESULTS.md). Past this, it holds pages this process
-# has freed or written since the fork (a CPU model moved to the GPU, a
-# checkpoint let go after the loader was built): its copy of them, which
-# torch's workers, forked as each epoch starts, never hold.
+# What this process may let go of the memory it shared with the fork server
+# (a CPU model moved to the GPU, a checkpoint dropped, after the loader was
+# built) before the server, which keeps its own copy of it, is forked again:
+# torch's workers, forked as each epoch starts, never hold such pages.
 STALE_SERVER_BYTES = 16 << 20
 
 
+def _anonymous_resident() -> int | None:
+    """This process's anonymous resident bytes (``RssAnon``: a counter the
+    kernel keeps, read without walking the page tables); None where Linux
+    does not tell."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _minor_faults() -> int:
+    """This process's minor page faults so far: each page it touched anew
+    or copied from one it shared."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _server_stale() -> bool:
-    """Whether this process's fork server holds `STALE_SERVER_BYTES` of
-    its own, and no live loader may still start a worker process from it
-    (one that may would race its replacement). Read only where it has no
-    worker process left: those still exiting share its pages, so that its
-    own would read short (it is read again as a later loader starts).
-    Where Linux does not tell, it is not stale."""
+    """Whether this process's forked fork server holds at least
+    `STALE_SERVER_BYTES` of pages this process has let go or written since
+    the fork, and no live loader may still start a worker process from it
+    (one that may would race its replacement).
+
+    Read cheaply first: anonymous memory this process holds beyond what it
+    held at the fork is all new, so the fall of its ``RssAnon`` since is at
+    most what it let go. Otherwise the server's own pages are read (a walk
+    of its page tables, 12-20 ms, benchmarks/RESULTS.md) only where this
+    process has faulted in that many pages since the last look (each page
+    it wrote in place, each page made anew to stand where freed ones were)
+    and the server has no worker left (one still exiting shares its pages,
+    and its own would read short)."""
     with contextlib.suppress(RuntimeError):  # a set changed while read: not now
         if any(not workers.closed for workers in list(_live)):
             return False
         zygote = _the_zygote
-        if zygote is None or _server_has_children():
+        if zygote is None or not isinstance(zygote.process, _ForkedServer):
             return False
+        server = zygote.process
+        then, now = server.anonymous_at_fork, _anonymous_resident()
+        if then is not None and now is not None and then - now >= STALE_SERVER_BYTES:
+            return True
+        faults = _minor_faults()
+        if (faults - server.faults_at_look) * mmap.PAGESIZE < STALE_SERVER_BYTES:
+            return False
+        if _server_has_children():
+            return False
+        server.faults_at_look = faults
         try:
-            with open(f"/proc/{zygote.process.pid}/smaps_rollup") as rollup:
+            with open(f"/proc/{server.pid}/smaps_rollup") as rollup:
                 lines = rollup.read().splitlines()
         except OSError:
             return False
