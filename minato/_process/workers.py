@@ -690,7 +690,7 @@ def _server_stale() -> bool:
     Read cheaply first: anonymous memory this process holds beyond what it
     held at the fork is all new, so the fall of its ``RssAnon`` since is at
     most what it let go. Otherwise the server's own pages are read (a walk
-    of its page tables, 12-20 ms, benchmarks/RESULTS.md) only where this
+    of its page tables, benchmarks/RESULTS.md) only where this
     process has faulted in that many pages since the last look (each page
     it wrote in place, each page made anew to stand where freed ones were)
     and the server has no worker left (one still exiting shares its pages,
