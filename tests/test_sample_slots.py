@@ -181,7 +181,9 @@ def _count_slot_rebuilds(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts the tensors rebuilt from slots, and the segments mapped."""
     # The fork server first: forked after the patches below, it would hand
     # them to its worker processes, which must send what they always send.
+    # Kept for the test (what this process let go since would fork another).
     _process_workers.warm_up()
+    monkeypatch.setattr(_process_workers, "_server_stale", lambda: False)
     counts = {"slot": 0, "segments": 0, "tensors": 0, "arena": 0, "threads": set()}
     rebuild, leaf, tensor = _ipc._rebuild_slot_tensor, _ipc._slot_leaf, _ipc.slot_tensor
     arena_leaf, deferred = _ipc._rebuild_arena_leaf, _ipc._deferred_sample
