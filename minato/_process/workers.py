@@ -661,18 +661,23 @@ def release_fork_server() -> bool:
 STALE_SERVER_BYTES = 16 << 20
 
 
-def _anonymous_resident() -> int | None:
-    """This process's anonymous resident bytes (``RssAnon``: a counter the
-    kernel keeps, read without walking the page tables); None where Linux
+def _proc_bytes(path: str, field: str) -> int | None:
+    """A ``field:   N kB`` line of a /proc file, in bytes; None where Linux
     does not tell."""
     try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("RssAnon:"):
+        with open(path) as lines:
+            for line in lines:
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _anonymous_resident() -> int | None:
+    """This process's anonymous resident bytes (``RssAnon``: a counter the
+    kernel keeps, read without walking the page tables)."""
+    return _proc_bytes("/proc/self/status", "RssAnon")
 
 
 def _minor_faults() -> int:
@@ -711,13 +716,8 @@ def _server_stale() -> bool:
         if _server_has_children():
             return False
         server.faults_at_look = faults
-        try:
-            with open(f"/proc/{server.pid}/smaps_rollup") as rollup:
-                lines = rollup.read().splitlines()
-        except OSError:
-            return False
-        own = sum(int(line.split()[1]) for line in lines if line.startswith("Private_Dirty:"))
-        return own * 1024 >= STALE_SERVER_BYTES
+        own = _proc_bytes(f"/proc/{server.pid}/smaps_rollup", "Private_Dirty")
+        return own is not None and own >= STALE_SERVER_BYTES
     return False
 
 
