@@ -27,11 +27,11 @@ N = 40
 BATCH = 4
 EPOCHS = 2
 MINATO_OPTIONS: dict[str, Any] = {"sample_timeout": 0.5, "max_workers": 7, "adaptive": False}
-# This run is about sharding: auto's choice is pinned. Its samples read
-# 90-95 us of CPU each on the first loader of a quiet process (one-off
-# costs in the mean), a hair under the line where a loop that sets the
-# pace (a DDP step waiting on the other rank) gets a trial on processes;
-# two ranks on a loaded CI machine crossed it once.
+# This run is about sharding: auto's choice is pinned. Its samples' CPU
+# cost on the first loader of a quiet process (one-off costs in the mean)
+# read a hair under the line where a loop that sets the pace (a DDP step
+# waiting on the other rank) gets a trial on processes; two ranks on a
+# loaded CI machine crossed it once (benchmarks/RESULTS.md, session 32).
 WORKER_METHOD = "thread"
 
 
