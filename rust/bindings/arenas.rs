@@ -78,7 +78,13 @@ impl PyArenaPool {
             .collect::<PyResult<Vec<u64>>>()?;
         // Not detached: the pool's lock is only ever taken with the GIL held
         // (a lease's drop runs in Python's), and held for no wait.
-        let placement = self.pool.place(worker, &positions);
+        let mut placement = self.pool.place(worker, &positions);
+        let retired = std::mem::take(&mut placement.retired);
+        if !retired.is_empty() {
+            // Unmapping a batch's pages takes a while: not with the GIL held
+            // (the training loop's). No lock is taken.
+            detach(task.py(), move || drop(retired));
+        }
         let destinations = placement
             .destinations
             .iter()

@@ -206,14 +206,18 @@ impl Adapter {
             // A window also spans one of the loop's steps, so that every
             // growth step is judged on what it did to the loop too.
             return;
-        } else if elapsed < MAX_WINDOW && pool.runs_a_fast_task_started_before(self.start.at) {
+        } else if elapsed < MAX_WINDOW
+            && pool.runs_a_fast_task_started_before(self.start.at, MAX_WINDOW)
+        {
             // ...and the tasks that were running at its start: where task
             // times have a long tail, the mean of the tasks finished so far
             // is that of the short ones, and a window of a few of them
             // measures workers that have not yet met a long one (at the
             // start, or after a growth step, every worker is fresh: such
             // windows judged a pool of 12 at more than its steady rate, and
-            // a doubling was taken back against it).
+            // a doubling was taken back against it). Not one that had run
+            // for a whole window already: a sample that hangs, unflagged
+            // without a sample timeout, would make every window the longest.
             return;
         }
         self.task_time = task_time;

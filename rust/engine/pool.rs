@@ -424,14 +424,13 @@ impl<W: WorkerHooks> Pool<W> {
             .sum()
     }
 
-    /// Whether a task not flagged slow that started before `at` is still
-    /// running.
-    pub fn runs_a_fast_task_started_before(&self, at: Instant) -> bool {
+    /// Whether a task not flagged slow that started before `at`, and no
+    /// more than `within` before it, is still running.
+    pub fn runs_a_fast_task_started_before(&self, at: Instant, within: Duration) -> bool {
         let state = self.shared.state();
-        state
-            .busy
-            .values()
-            .any(|busy| !busy.flagged_slow && busy.started < at)
+        state.busy.values().any(|busy| {
+            !busy.flagged_slow && busy.started < at && at.duration_since(busy.started) <= within
+        })
     }
 
     /// How long task `seq` has worked so far (its pauses, such as waits

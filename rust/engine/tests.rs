@@ -1279,6 +1279,33 @@ fn an_adaptive_pool_judges_no_window_before_the_tasks_running_at_its_start_end()
     engine.shutdown(WAIT);
 }
 
+#[test]
+fn a_task_that_ran_a_whole_window_before_one_started_does_not_lengthen_it() {
+    // A sample that hangs (no sample timeout flags it): the first window
+    // waits for it, up to the longest a window lasts; later ones do not.
+    let hung = Duration::from_secs(3);
+    let mut cfg = config(2, 16, Order::Completion, Dispatch::Shared);
+    cfg.adaptive = Some(ControllerConfig::new(2, 16));
+    let (mut engine, _) = start(cfg);
+    engine
+        .submit(value_after(0, hung.as_micros() as u64))
+        .unwrap();
+    let mut value = 1;
+    // The consumer takes every result at once: it starves, and the pool
+    // grows a step a judged window, 2 -> 4 -> 8 -> 16.
+    while engine.stats().resizes.len() < 3 {
+        while engine.can_submit() {
+            engine.submit(value_after(value, 1_000)).unwrap();
+            value += 1;
+        }
+        engine.recv(WAIT).unwrap();
+    }
+    let resizes = engine.stats().resizes;
+    // With every window waiting for the hung task, the third came at 3 s.
+    assert!(resizes[2].at < Duration::from_secs(2), "{resizes:?}");
+    engine.shutdown(WAIT);
+}
+
 /// Test hooks whose workers but the first take `start` to set up (a worker
 /// thread copying its dataset, a worker process starting).
 /// Tasks run as [`Hooks`] runs them.
