@@ -24,7 +24,12 @@ released).
 Cases: compute-bound (a step is 1.5x the data time of a batch, measured on
 torch with the same worker count) and data-bound (0.3x), 1 and 2 workers.
 
-    python benchmarks/neighbour.py [--batches 40] [--only compute] [--workers 1 2]
+``--repeats N`` runs each case's systems N times, alternated (torch,
+minato, torch, minato...), and prints each system's medians with the
+spread of its totals: a run of 10 batches lasts about a second, and one
+run's ratio moves by more than the differences between systems.
+
+    python benchmarks/neighbour.py [--batches 40] [--only compute] [--workers 1 2] [--repeats 1]
     python benchmarks/neighbour.py --device cuda --workers 2 8
 """
 
@@ -186,6 +191,7 @@ def main() -> None:
     parser.add_argument("--only", choices=["compute", "data"])
     parser.add_argument("--systems", nargs="+", default=["torch", "minato"])
     parser.add_argument("--device", default="cpu", help="cuda: the steps run on a real GPU")
+    parser.add_argument("--repeats", type=int, default=1, help="alternated runs per system")
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.set_num_threads(1)
@@ -213,12 +219,24 @@ def main() -> None:
                 f"  {'system':16s} {'data s':>7s} {'steps s':>7s} {'total s':>7s} "
                 f"{'ratio':>6s} {'step x':>6s}  how"
             )
-            for system in args.systems:
-                data = data_alone(system, dataset, workers)
-                took, step_in_loop, how = total(system, dataset, workers, step)
+            runs: dict[str, list[tuple[float, float, float, str]]] = {s: [] for s in args.systems}
+            for _ in range(args.repeats):
+                for system in args.systems:
+                    data = data_alone(system, dataset, workers)
+                    took, step_in_loop, how = total(system, dataset, workers, step)
+                    runs[system].append((data, took, step_in_loop, how))
+            for system, measured in runs.items():
+                data = statistics.median(run[0] for run in measured)
+                took = statistics.median(run[1] for run in measured)
+                ratio = statistics.median(run[1] / max(run[0], steps) for run in measured)
+                step_x = statistics.median(run[2] for run in measured) / step_alone
+                spread = ""
+                if len(measured) > 1:
+                    totals = sorted(run[1] for run in measured)
+                    spread = f" (totals {totals[0]:.2f}-{totals[-1]:.2f})"
                 print(
                     f"  {system:16s} {data:7.2f} {steps:7.2f} {took:7.2f} "
-                    f"{took / max(data, steps):6.2f} {step_in_loop / step_alone:6.2f}  {how}"
+                    f"{ratio:6.2f} {step_x:6.2f}  {measured[-1][3]}{spread}"
                 )
 
 
