@@ -1253,57 +1253,46 @@ fn an_adaptive_engine_grows_on_scaling_work_and_delivers_everything_once() {
     assert_eq!(inside.load(AtomicOrdering::SeqCst), 0);
 }
 
+/// An adaptive pool starting at `workers` (1 to 16) whose first task takes
+/// `first`, then 1 ms tasks taken as they come: the consumer starves and
+/// the pool grows a step a judged window. Returns its first `resizes`.
+fn starved_pool_resizes(workers: usize, first: Duration, resizes: usize) -> Vec<Resize> {
+    let mut cfg = config(workers, 16, Order::Completion, Dispatch::Shared);
+    cfg.adaptive = Some(ControllerConfig::new(1, 16));
+    let (mut engine, _) = start(cfg);
+    engine
+        .submit(value_after(0, first.as_micros() as u64))
+        .unwrap();
+    let mut value = 1;
+    while engine.stats().resizes.len() < resizes {
+        while engine.can_submit() {
+            engine.submit(value_after(value, 1_000)).unwrap();
+            value += 1;
+        }
+        engine.recv(WAIT).unwrap();
+    }
+    let stats = engine.stats();
+    engine.shutdown(WAIT);
+    stats.resizes
+}
+
 #[test]
 fn an_adaptive_pool_judges_no_window_before_the_tasks_running_at_its_start_end() {
     // The first task is long, the rest short: a window of a few short tasks
     // would measure workers that have not yet met a long one.
     let long = Duration::from_millis(400);
-    let mut cfg = config(4, 16, Order::Completion, Dispatch::Shared);
-    cfg.adaptive = Some(ControllerConfig::new(1, 16));
-    let (mut engine, _) = start(cfg);
-    engine
-        .submit(value_after(0, long.as_micros() as u64))
-        .unwrap();
-    let mut value = 1;
-    // The consumer takes every result at once: it starves, and the pool
-    // grows once a window is judged.
-    while engine.stats().resizes.is_empty() {
-        while engine.can_submit() {
-            engine.submit(value_after(value, 1_000)).unwrap();
-            value += 1;
-        }
-        engine.recv(WAIT).unwrap();
-    }
-    let first = engine.stats().resizes[0];
+    let first = starved_pool_resizes(4, long, 1)[0];
     assert!(first.at >= long, "{first:?}");
-    engine.shutdown(WAIT);
 }
 
 #[test]
 fn a_task_that_ran_a_whole_window_before_one_started_does_not_lengthen_it() {
     // A sample that hangs (no sample timeout flags it): the first window
-    // waits for it, up to the longest a window lasts; later ones do not.
-    let hung = Duration::from_secs(3);
-    let mut cfg = config(2, 16, Order::Completion, Dispatch::Shared);
-    cfg.adaptive = Some(ControllerConfig::new(2, 16));
-    let (mut engine, _) = start(cfg);
-    engine
-        .submit(value_after(0, hung.as_micros() as u64))
-        .unwrap();
-    let mut value = 1;
-    // The consumer takes every result at once: it starves, and the pool
-    // grows a step a judged window, 2 -> 4 -> 8 -> 16.
-    while engine.stats().resizes.len() < 3 {
-        while engine.can_submit() {
-            engine.submit(value_after(value, 1_000)).unwrap();
-            value += 1;
-        }
-        engine.recv(WAIT).unwrap();
-    }
-    let resizes = engine.stats().resizes;
+    // waits for it, up to the longest a window lasts; later ones do not,
+    // and the pool grows 2 -> 4 -> 8 -> 16.
+    let resizes = starved_pool_resizes(2, Duration::from_secs(3), 3);
     // With every window waiting for the hung task, the third came at 3 s.
     assert!(resizes[2].at < Duration::from_secs(2), "{resizes:?}");
-    engine.shutdown(WAIT);
 }
 
 /// Test hooks whose workers but the first take `start` to set up (a worker
