@@ -1039,6 +1039,61 @@ def test_the_fork_server_goes_once_a_trial_back_to_threads_has_ended_its_process
     ], run.stdout
 
 
+@pytest.mark.parametrize("serialised", [True, False])
+def test_a_move_the_gil_decided_starts_each_process_in_its_workers_next_task(
+    tmp_path: Path, serialised: bool
+) -> None:
+    # Threads the GIL runs one at a time load little while their processes
+    # start, and slow the starts (each socket call waits for the GIL): a
+    # worker starts its process in its next task. A trial that wants a gain
+    # starts it beside the thread, which loads meanwhile.
+    script = textwrap.dedent("""
+        import sys, threading, time
+        import minato
+        from minato._process import method, workers
+
+        serialised = sys.argv[1] == "serialised"
+        started_on = []
+        init = workers.WorkerProcess.__init__
+
+        def recorded_init(self, *args, **kwargs):
+            name = threading.current_thread().name
+            if name.startswith("Dummy"):  # an engine thread: its name is the OS's
+                with open(f"/proc/self/task/{threading.get_native_id()}/comm") as comm:
+                    name = comm.read().strip()
+            started_on.append(name.rstrip("0123456789"))
+            init(self, *args, **kwargs)
+
+        workers.WorkerProcess.__init__ = recorded_init
+
+        class Sleeps:
+            def __len__(self):
+                return 400
+
+            def __getitem__(self, index):
+                time.sleep(0.001)
+                return index
+
+        def observe(self, figures, can_trial=True):
+            if self.decided:
+                return None
+            if not serialised:
+                self._gain_wanted = True
+            self._decide(True, "auto: moved by the test")
+            return "move"
+
+        method.WorkerMethod.observe = observe
+        method.WorkerMethod.ready_for_processes = lambda self: True
+        loader = minato.DataLoader(Sleeps(), batch_size=8, num_workers=2, persistent_workers=True)
+        for epoch in range(3):
+            assert sorted(int(i) for batch in loader for i in batch) == list(range(400))
+        print(loader.stats().worker_method, sorted(set(started_on)))
+        """)
+    run = _run_script(script, tmp_path, "serialised" if serialised else "trial")
+    where = "minato-worker-" if serialised else "minato-process-start"
+    assert run.stdout.split("\n")[0] == f"multiprocessing ['{where}']", run.stdout
+
+
 def test_a_stopped_fork_server_is_reaped_where_no_thread_can_be_started(tmp_path: Path) -> None:
     # Its exit is waited for on a thread of its own; where none can be
     # started (a process at its thread limit), the caller waits, as before,
@@ -1462,26 +1517,66 @@ def test_auto_goes_back_to_threads_when_the_loop_runs_slower_on_processes() -> N
     assert len(verdicts) == 12 + 5 + 8
 
 
-@pytest.mark.parametrize("clear", [True, False])
-def test_a_clear_sign_moves_after_two_batches_on_threads(clear: bool) -> None:
+@pytest.mark.parametrize("sign", ["clear", "clear, nothing loaded seen", "gain wanted"])
+def test_a_clear_sign_moves_at_once(sign: str) -> None:
     method = WorkerMethod("auto")
     now = 0.0
-    method.batch_received(now)  # the first batch starts the intervals
-    if clear:
+    method.batch_received(now, samples=16)  # the first batch starts the intervals
+    if sign != "clear, nothing loaded seen":
+        method._seen = (0.05, 30)  # what the threads loaded while undecided
+    if sign.startswith("clear"):
         method._decide(True, "auto: worker threads waited for the GIL 40% of their fetch time")
+        assert method.threads_serialised
     else:
         method._gain_wanted = True  # the loop sets the pace: processes must gain
         method._decide(True, "auto: the training loop sets the pace ...")
-    moved_at = None
-    for _ in range(40):
+        assert not method.threads_serialised
+    moved_at = now if method.ready_for_processes() else None
+    while moved_at is None and now < 2:
         now += 0.0625  # exact in binary: 8 of them are half a second
-        method.batch_received(now)
+        method.batch_received(now, samples=16)
         if method.ready_for_processes():
             moved_at = now
-            break
-    # Two batch intervals on threads after a clear sign, else the whole
-    # arm: 8 batches and a second.
-    assert moved_at == (0.125 if clear else 1.0)
+    # At once after a clear sign: the threads' side is what they loaded
+    # (see the test below); two batch intervals on threads where that is
+    # unknown; else the whole arm, 8 batches and a second.
+    assert moved_at == {"clear": 0.0, "clear, nothing loaded seen": 0.125}.get(sign, 1.0)
+
+
+def test_a_clear_sign_waits_for_the_move_about_a_batch_of_the_threads() -> None:
+    # The threads loaded 600 samples a second: a batch of 16 in 27 ms, which
+    # the loop would wait for anyway. Processes start in the workers' next
+    # tasks, not beside threads that hold the GIL.
+    method = WorkerMethod("auto")
+    method.batch_received(0.0, waited=0.05, samples=16)
+    method._seen = (0.05, 30)
+    method._decide(True, "auto: worker threads waited for the GIL 60% of their fetch time")
+    assert method.move_wait() == pytest.approx(16 / 600)
+    method._seen = (0.5, 30)
+    method._decide(True, "auto: worker threads waited for the GIL 60% of their fetch time")
+    assert method.move_wait() == _worker_method.MOVE_WAIT_S
+
+
+def test_a_clear_signs_threads_side_is_what_they_loaded_before_any_interval() -> None:
+    # Decided at the first batch: no interval on threads. The threads loaded
+    # 600 samples a second, 37.5 batches of 16; processes run the loop at
+    # 80 batches a second, or at 20.
+    for interval, kept in ((1 / 80, True), (1 / 20, False)):
+        method = WorkerMethod("auto")
+        now = 0.0
+        method.batch_received(now, waited=0.05, samples=16)
+        method._seen = (0.05, 30)
+        method._decide(True, "auto: worker threads waited for the GIL 60% of their fetch time")
+        assert method.ready_for_processes()
+        method.activate(batches_in_flight=1)
+        while method.on_trial:
+            now += interval
+            method.batch_received(now, samples=16)
+        assert method.processes is kept, method.reason
+        if kept:
+            assert "80.0 batches/s on them against 37.5 as threads loaded them" in method.reason
+        else:
+            assert "37.5 batches/s on them against 20.0 on processes" in method.reason
 
 
 def test_a_clear_signs_threads_side_counts_no_faster_than_the_threads_loaded() -> None:
@@ -1527,13 +1622,43 @@ def test_workers_plainly_serialised_by_the_gil_move_after_a_few_samples(
     figures = {"samples_loaded": 16, "busy": 0.06, "gil_wait": 0.03, "cpu": 0.03}
     assert method.observe(figures) == "move"
     assert "waited for the GIL 50%" in method.reason
-    # A lesser share waits for the usual window.
+    # A lesser share waits for the usual window where the threads used more
+    # than a core between them (they ran apart at times)...
     other = WorkerMethod("auto")
     clock.now = 0.0
     other.observe({"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0})
     clock.now = _worker_method.CLEAR_WINDOW_S
     figures = {"samples_loaded": 16, "busy": 0.06, "gil_wait": 0.018, "cpu": 0.04}
     assert other.observe(figures) != "move" and not other.decided
+
+
+@pytest.mark.parametrize(
+    ("busy", "cpu", "cores", "share", "moves"),
+    [
+        # two threads, one at work on average (the serial sign wants 1.3),
+        # on 0.6 cores
+        (0.03, 0.018, 2, 0.3, True),
+        (0.03, 0.018, 2, 0.15, False),  # a wait under GIL_BOUND_SHARE
+        (0.06, 0.04, 2, 0.3, False),  # on 1.33 cores: they ran apart at times
+        # sixteen threads handing round a GIL mostly free (the many-thread
+        # sign wants a longer wait from so many)
+        (0.48, 0.03, 2, 0.25, False),
+        (0.03, 0.018, 1, 0.3, False),  # one core: processes would share it too
+    ],
+)
+def test_a_lesser_gil_wait_on_about_one_core_moves_after_a_few_samples(
+    monkeypatch: pytest.MonkeyPatch, busy: float, cpu: float, cores: int, share: float, moves: bool
+) -> None:
+    # 30 ms and 16 samples in, the threads waited to enter Python between
+    # GIL_BOUND_SHARE and CLEAR_GIL_SHARE of their fetch time: plain where
+    # their CPU clocks agree that the GIL ran them one at a time.
+    clock, method, _ = _auto_on_a_clock(monkeypatch)
+    monkeypatch.setattr(_worker_method, "_cores", lambda: cores)
+    clock.now = _worker_method.CLEAR_WINDOW_S
+    figures = {"samples_loaded": 16, "busy": busy, "gil_wait": share * busy, "cpu": cpu}
+    assert (method.observe(figures) == "move") is moves, method.reason
+    if moves:
+        assert "waited for the GIL 30% of their fetch time and used 0.60 cores" in method.reason
 
 
 @pytest.mark.parametrize(

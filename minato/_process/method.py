@@ -88,6 +88,12 @@ GIL_BOUND_SHARE = 0.2
 # every batch more on threads is one the GIL slows.
 CLEAR_GIL_SHARE = 2 * GIL_BOUND_SHARE
 CLEAR_WINDOW_S = 0.03
+# A share between the two is plain as early where the workers' CPU clocks
+# agree: a few threads (under SERIAL_MANY at work) that used about one core
+# between them or less (SERIAL_CORES' high bound) on a machine with more.
+# GIL-free datasets' first looks read a wait of a tenth or less
+# (benchmarks/RESULTS.md, session 34); threads that compute apart use more
+# than a core.
 # The same sign read from the workers' CPU clocks, which see the GIL's
 # hand-overs inside the dataset's Python (the wait above is only taken as a
 # task enters Python, and reads 13-54 % for two threads of pure Python,
@@ -515,6 +521,8 @@ class WorkerMethod:
         # The samples a second the threads loaded over the window that
         # decided on a trial (see _threads_rate).
         self._threads_loaded: float | None = None
+        # The samples of the latest batch received (0: none counted).
+        self._batch_samples = 0
 
     @staticmethod
     def any_may_use_processes() -> bool:
@@ -554,6 +562,8 @@ class WorkerMethod:
         threads (the loader goes back to threads for good), else None."""
         last, self._last_batch = self._last_batch, now
         self._batches_received += 1
+        if samples > 0:
+            self._batch_samples = samples
         if last is None:
             self._start_up += waited
             self._first_wait = waited
@@ -608,15 +618,15 @@ class WorkerMethod:
         threads side, a second long, starts at its decision (see
         LOADING_TRIAL_SKIP)."""
         arm, loaded = self._on_threads, self._threads_loaded
-        if (
-            self._short_threads_side
-            or self._threads_from_decision
-            or loaded is None
-            or arm.samples <= 0
-        ):
+        if self._short_threads_side or self._threads_from_decision or loaded is None:
             return arm.rate, "on threads"
-        fed = loaded * arm.intervals / arm.samples
-        if fed < arm.rate:
+        # A clear sign moves before the loop received two batches on threads
+        # (see ready_for_processes): then what they loaded is their side.
+        per_batch = arm.samples / arm.intervals if arm.samples > 0 else self._batch_samples
+        if per_batch <= 0:
+            return arm.rate, "on threads"
+        fed = loaded / per_batch
+        if arm.intervals == 0 or fed < arm.rate:
             return fed, "as threads loaded them"
         return arm.rate, "on threads"
 
@@ -639,19 +649,37 @@ class WorkerMethod:
         loader decided)."""
         if self.requested != "auto" or self._inherited or self._on_threads.complete:
             return True
+        if self.threads_serialised and self._threads_loaded is not None:
+            # Their side is what they loaded while undecided (see _threads_rate).
+            return True
         clear = self.wants_processes and (not self._gain_wanted or self._short_threads_side)
         batches = (
             PACE_THREADS_MIN_BATCHES if self._short_threads_side else CLEAR_THREADS_MIN_BATCHES
         )
         return clear and self._on_threads.measured_for(CLEAR_THREADS_MIN_S, batches)
 
+    @property
+    def threads_serialised(self) -> bool:
+        """Whether this loader decided on processes on a sign that the GIL
+        runs its worker threads one at a time (no trial wanting a gain; not
+        an earlier loader's decision). Such threads load little while their
+        processes start, and slow the starts (each socket call of a start
+        waits a switch interval for the GIL they hold): a worker starts its
+        process in its next task, and the move waits for no batch more on
+        threads."""
+        return self.wants_processes and not self._gain_wanted and not self._inherited
+
     def move_wait(self) -> float:
         """How long the training thread may wait for the workers to move at
-        once (see MOVE_WAIT_S): for a loop that sets the pace only."""
+        once (see MOVE_WAIT_S): for a loop that sets the pace, and after a
+        sign that the GIL runs the threads one at a time."""
         threads = self._on_threads
-        if not (self.wants_processes and self._short_threads_side and threads.intervals):
-            return 0.0
-        return min(MOVE_WAIT_S, threads.seconds / threads.intervals)
+        if self.wants_processes and self._short_threads_side and threads.intervals:
+            return min(MOVE_WAIT_S, threads.seconds / threads.intervals)
+        if self.threads_serialised and self._threads_loaded and self._batch_samples:
+            # About what the loop would wait for the threads' next batch.
+            return min(MOVE_WAIT_S, self._batch_samples / self._threads_loaded)
+        return 0.0
 
     def _window_of(self, figures: dict[str, float]) -> _Window:
         """A window starting now, from the engine's `figures` and the loop's
@@ -792,9 +820,16 @@ class WorkerMethod:
                     True,
                     f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
                 )
+            cores_used = cpu / elapsed if cpu is not None else None
+            if self._one_core_between_few(share, busy / elapsed, cores_used):
+                return self._decide(
+                    True,
+                    f"auto: worker threads waited for the GIL {share:.0%} of their fetch time "
+                    f"and used {cores_used:.2f} cores together",
+                )
             serial = self._serialised(
                 busy / elapsed,
-                cpu / elapsed if cpu is not None else None,
+                cores_used,
                 share,
                 lambda: _waiting_for_a_core(window, elapsed),
             )
@@ -890,6 +925,18 @@ class WorkerMethod:
             + ")",
         )
         return None
+
+    @staticmethod
+    def _one_core_between_few(gil_share: float, parallel: float, cores: float | None) -> bool:
+        """Whether a wait for the GIL past GIL_BOUND_SHARE, with the workers'
+        CPU clocks agreeing, is plain before MIN_WINDOW_S (see CLEAR_WINDOW_S)."""
+        return (
+            gil_share >= GIL_BOUND_SHARE
+            and cores is not None
+            and cores <= SERIAL_CORES[1]
+            and parallel < SERIAL_MANY
+            and _cores() >= 2
+        )
 
     @staticmethod
     def _serialised(

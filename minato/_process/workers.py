@@ -602,8 +602,10 @@ class ProcessWorkers:
                 on_processes = method.processes
                 # Moving: the process starts beside this thread, which runs
                 # its tasks itself until the process is up (no task waits
-                # for a start).
-                if on_processes and not remote.start_beside():
+                # for a start); where the GIL runs the threads one at a time,
+                # in this task (see WorkerMethod.threads_serialised).
+                serialised = method.threads_serialised
+                if on_processes and not serialised and not remote.start_beside():
                     return thread_run(epoch, task)
             else:  # a stream moves at its epoch's start only
                 on_processes = epoch_on_processes.setdefault(epoch, method.processes)
