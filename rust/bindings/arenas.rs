@@ -307,7 +307,12 @@ fn _arena_batch(batch: &Bound<'_, PyAny>) -> PyResult<Option<PyArenaBatch>> {
             Arc::ptr_eq(&other, &lease) && other_leaf == leaf && place as usize == index
         })
     });
-    lease.report(in_place);
+    let stopped = lease.report(in_place).into_arenas();
+    if !stopped.is_empty() {
+        // Unmapping them takes a while: not with the GIL held (the training
+        // loop's). No lock is taken.
+        detach(batch.py(), move || drop(stopped));
+    }
     if !in_place {
         return Ok(None);
     }

@@ -63,16 +63,15 @@ impl Lease {
     }
 
     /// Whether a batch of this arena's leaves was handed out as it lay (see
-    /// `ArenaPool::report`).
-    pub fn report(&self, hit: bool) {
-        if let Some(pool) = self.pool.upgrade() {
-            let mut state = pool
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let records = report(&mut state, hit);
-            drop(state); // before the records: a lease's drop takes the lock
-            drop(records);
-        }
+    /// `ArenaPool::report`); what lending's stop let go, if it stopped now.
+    pub fn report(&self, hit: bool) -> Stopped {
+        let Some(pool) = self.pool.upgrade() else {
+            return Stopped::default();
+        };
+        let mut state = pool
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        report(&mut state, hit)
     }
 }
 
@@ -320,8 +319,8 @@ impl ArenaPool {
 
     /// Whether a collated batch could be handed out as it lay in its arena;
     /// after `MAX_MISSES` misses in a row no arena is lent any more.
-    pub fn report(&self, hit: bool) {
-        let _records = report(&mut self.state(), hit);
+    pub fn report(&self, hit: bool) -> Stopped {
+        report(&mut self.state(), hit)
     }
 
     /// Arenas kept for reuse (for tests).
@@ -364,21 +363,43 @@ fn trim(
         .collect()
 }
 
+/// What lending's stop let go: the batches' records, which hold leases (a
+/// lease's drop takes the pool's lock), and the free arenas, whose
+/// unmapping takes a while. Dropped once the pool's lock is let go; the
+/// arenas best where no other lock is held either (see `into_arenas`).
+#[must_use]
+#[derive(Default)]
+pub struct Stopped {
+    records: BTreeMap<u64, Expected>,
+    arenas: Vec<Arena>,
+}
+
+impl Stopped {
+    /// Drops the records now; returns the free arenas, to unmap.
+    pub fn into_arenas(self) -> Vec<Arena> {
+        drop(self.records);
+        self.arenas
+    }
+}
+
 /// Counts a hit or a miss; past `MAX_MISSES` in a row, lending stops and
-/// the batches' records are returned, to be dropped once the lock is let go.
-fn report(state: &mut PoolState, hit: bool) -> BTreeMap<u64, Expected> {
+/// what it let go is returned, to be dropped once the lock is let go.
+fn report(state: &mut PoolState, hit: bool) -> Stopped {
     if hit {
         state.misses = 0;
-        return BTreeMap::new();
+        return Stopped::default();
     }
     state.misses += 1;
     if state.misses < MAX_MISSES || state.disabled {
-        return BTreeMap::new();
+        return Stopped::default();
     }
     state.disabled = true;
     let free = std::mem::take(&mut state.free);
     state.dropped.extend(free.iter().map(|(id, _, _)| *id));
-    std::mem::take(&mut state.expected)
+    Stopped {
+        records: std::mem::take(&mut state.expected),
+        arenas: free.into_iter().map(|(_, arena, _)| arena).collect(),
+    }
 }
 
 #[cfg(test)]
@@ -469,14 +490,14 @@ mod tests {
     fn misses_in_a_row_stop_the_lending() {
         let pool = pool();
         for _ in 0..MAX_MISSES - 1 {
-            pool.report(false);
+            drop(pool.report(false));
         }
-        pool.report(true);
+        drop(pool.report(true));
         for _ in 0..MAX_MISSES - 1 {
-            pool.report(false);
+            drop(pool.report(false));
         }
         assert!(pool.active());
-        pool.report(false);
+        drop(pool.report(false));
         assert!(!pool.active());
         pool.expect(0, 0, 1);
         assert_eq!(pool.place(0, &[0]).destinations, vec![None]);
@@ -494,10 +515,36 @@ mod tests {
         let lease = placement.leases[0].clone();
         drop(placement);
         for _ in 0..MAX_MISSES {
-            lease.report(false); // the last stops the lending and drops the record
+            // The last stops the lending and lets the record go.
+            drop(lease.report(false));
         }
         drop(lease);
         assert_eq!(pool.lent_arenas(), 0);
+    }
+
+    #[test]
+    fn the_free_arenas_a_stop_lets_go_are_returned_to_unmap_after_the_lock() {
+        let pool = pool();
+        let placements: Vec<Placement> = (0..3u64)
+            .map(|batch| {
+                pool.expect(batch, 0, 1);
+                pool.place(0, &[batch])
+            })
+            .collect();
+        drop(placements);
+        pool.new_epoch();
+        assert_eq!(pool.free_arenas(), 3);
+        for _ in 0..MAX_MISSES - 1 {
+            assert!(pool.report(false).into_arenas().is_empty());
+        }
+        let arenas = pool.report(false).into_arenas();
+        assert_eq!(arenas.len(), 3, "taken out, still mapped");
+        assert_eq!(pool.free_arenas(), 0);
+        // Their unmapping takes no lock of the pool's.
+        let held = pool.state();
+        drop(arenas);
+        drop(held);
+        assert_eq!(pool.place(0, &[]).forget.len(), 3);
     }
 
     #[test]
