@@ -955,6 +955,31 @@ def test_the_fork_server_is_forked_with_no_worker_thread_inside_the_datasets_cod
     assert run.stdout.split() == ["multiprocessing", "400", "True"], run.stdout + run.stderr
 
 
+# For a script run by _run_script (which imported time, minato's method
+# module, and may set GAIN_WANTED): a dataset of 400 samples that sleep a
+# millisecond each, and auto's measurements replaced by a move at its first
+# look, on a clear sign, or on a trial that wants a gain (GAIN_WANTED).
+_MOVED_AT_FIRST_LOOK = textwrap.dedent("""
+    class Sleeps:
+        def __len__(self):
+            return 400
+
+        def __getitem__(self, index):
+            time.sleep(0.001)
+            return index
+
+    def observe(self, figures, can_trial=True):
+        if self.decided:
+            return None
+        self._gain_wanted = globals().get("GAIN_WANTED", False)
+        self._decide(True, "auto: moved by the test")
+        return "move"
+
+    method.WorkerMethod.observe = observe
+    method.WorkerMethod.ready_for_processes = lambda self: True
+""")
+
+
 def test_the_fork_server_goes_once_a_trial_back_to_threads_has_ended_its_processes(
     tmp_path: Path,
 ) -> None:
@@ -965,7 +990,8 @@ def test_the_fork_server_goes_once_a_trial_back_to_threads_has_ended_its_process
     # their parent), goes after them, leaving no child of its own behind.
     # The training thread does not wait for its exit (a process as large as
     # the training one takes tens of milliseconds to go on busy cores).
-    script = textwrap.dedent("""
+    script = (
+        textwrap.dedent("""
         import os, threading, time
         import minato
         from minato._process import method, workers
@@ -978,21 +1004,9 @@ def test_the_fork_server_goes_once_a_trial_back_to_threads_has_ended_its_process
             return wait(self, timeout)
 
         workers._ForkedServer.wait = recorded_wait
-
-        class Sleeps:
-            def __len__(self):
-                return 400
-
-            def __getitem__(self, index):
-                time.sleep(0.001)
-                return index
-
-        def observe(self, figures, can_trial=True):
-            if self.decided:
-                return None
-            self._decide(True, "auto: moved by the test")
-            return "move"
-
+        """)
+        + _MOVED_AT_FIRST_LOOK
+        + textwrap.dedent("""
         received = method.WorkerMethod.batch_received
         on_processes = []
 
@@ -1005,8 +1019,6 @@ def test_the_fork_server_goes_once_a_trial_back_to_threads_has_ended_its_process
                     return "revert"
             return received(self, now, waited, samples)
 
-        method.WorkerMethod.observe = observe
-        method.WorkerMethod.ready_for_processes = lambda self: True
         method.WorkerMethod.batch_received = batch_received
 
         loader = minato.DataLoader(Sleeps(), batch_size=8, num_workers=2, persistent_workers=True)
@@ -1029,6 +1041,7 @@ def test_the_fork_server_goes_once_a_trial_back_to_threads_has_ended_its_process
         print("left", sorted(pid for pid in pids | {server} if os.path.exists(f"/proc/{pid}")))
         print("waited for on this thread", threading.get_ident() in waited_on, bool(waited_on))
         """)
+    )
     run = _run_script(script, tmp_path)
     assert run.stdout.splitlines() == [
         "reason auto: threads, sent back by the test",
@@ -1047,7 +1060,8 @@ def test_a_move_the_gil_decided_starts_each_process_in_its_workers_next_task(
     # start, and slow the starts (each socket call waits for the GIL): a
     # worker starts its process in its next task. A trial that wants a gain
     # starts it beside the thread, which loads meanwhile.
-    script = textwrap.dedent("""
+    script = (
+        textwrap.dedent("""
         import sys, threading, time
         import minato
         from minato._process import method, workers
@@ -1065,30 +1079,16 @@ def test_a_move_the_gil_decided_starts_each_process_in_its_workers_next_task(
             init(self, *args, **kwargs)
 
         workers.WorkerProcess.__init__ = recorded_init
-
-        class Sleeps:
-            def __len__(self):
-                return 400
-
-            def __getitem__(self, index):
-                time.sleep(0.001)
-                return index
-
-        def observe(self, figures, can_trial=True):
-            if self.decided:
-                return None
-            if not serialised:
-                self._gain_wanted = True
-            self._decide(True, "auto: moved by the test")
-            return "move"
-
-        method.WorkerMethod.observe = observe
-        method.WorkerMethod.ready_for_processes = lambda self: True
+        GAIN_WANTED = not serialised
+        """)
+        + _MOVED_AT_FIRST_LOOK
+        + textwrap.dedent("""
         loader = minato.DataLoader(Sleeps(), batch_size=8, num_workers=2, persistent_workers=True)
         for epoch in range(3):
             assert sorted(int(i) for batch in loader for i in batch) == list(range(400))
         print(loader.stats().worker_method, sorted(set(started_on)))
         """)
+    )
     run = _run_script(script, tmp_path, "serialised" if serialised else "trial")
     where = "minato-worker-" if serialised else "minato-process-start"
     assert run.stdout.split("\n")[0] == f"multiprocessing ['{where}']", run.stdout
