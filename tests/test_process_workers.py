@@ -1639,6 +1639,9 @@ def test_workers_plainly_serialised_by_the_gil_move_after_a_few_samples(
         # on 0.6 cores
         (0.03, 0.018, 2, 0.3, True),
         (0.03, 0.018, 2, 0.15, False),  # a wait under GIL_BOUND_SHARE
+        # two threads that sleep, beside processes that take the cores: on a
+        # CPU a tenth of their time outside the GIL's waits
+        (0.06, 0.0042, 2, 0.3, False),
         (0.06, 0.04, 2, 0.3, False),  # on 1.33 cores: they ran apart at times
         # sixteen threads handing round a GIL mostly free (the many-thread
         # sign wants a longer wait from so many)

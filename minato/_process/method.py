@@ -821,7 +821,7 @@ class WorkerMethod:
                     f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
                 )
             cores_used = cpu / elapsed if cpu is not None else None
-            if self._one_core_between_few(share, busy / elapsed, cores_used):
+            if self._one_core_between_few(share, busy / elapsed, cores_used, compute):
                 return self._decide(
                     True,
                     f"auto: worker threads waited for the GIL {share:.0%} of their fetch time "
@@ -927,13 +927,20 @@ class WorkerMethod:
         return None
 
     @staticmethod
-    def _one_core_between_few(gil_share: float, parallel: float, cores: float | None) -> bool:
+    def _one_core_between_few(
+        gil_share: float, parallel: float, cores: float | None, compute: float
+    ) -> bool:
         """Whether a wait for the GIL past GIL_BOUND_SHARE, with the workers'
-        CPU clocks agreeing, is plain before MIN_WINDOW_S (see CLEAR_WINDOW_S)."""
+        CPU clocks agreeing, is plain before MIN_WINDOW_S (see CLEAR_WINDOW_S).
+        Not for workers that mostly wait (`compute`, their share of the time
+        outside the GIL's waits on a CPU, under COMPUTE_SHARE): threads that
+        sleep beside other processes that take the cores waited for the GIL
+        a seventh of their time at a first look."""
         return (
             gil_share >= GIL_BOUND_SHARE
             and cores is not None
             and cores <= SERIAL_CORES[1]
+            and compute >= COMPUTE_SHARE
             and parallel < SERIAL_MANY
             and _cores() >= 2
         )
