@@ -88,12 +88,6 @@ GIL_BOUND_SHARE = 0.2
 # every batch more on threads is one the GIL slows.
 CLEAR_GIL_SHARE = 2 * GIL_BOUND_SHARE
 CLEAR_WINDOW_S = 0.03
-# A share between the two is plain as early where the workers' CPU clocks
-# agree: a few threads (under SERIAL_MANY at work) that used about one core
-# between them or less (SERIAL_CORES' high bound) on a machine with more.
-# GIL-free datasets' first looks read a wait of a tenth or less
-# (benchmarks/RESULTS.md, session 34); threads that compute apart use more
-# than a core.
 # The same sign read from the workers' CPU clocks, which see the GIL's
 # hand-overs inside the dataset's Python (the wait above is only taken as a
 # task enters Python, and reads 13-54 % for two threads of pure Python,
@@ -930,12 +924,17 @@ class WorkerMethod:
     def _one_core_between_few(
         gil_share: float, parallel: float, cores: float | None, compute: float
     ) -> bool:
-        """Whether a wait for the GIL past GIL_BOUND_SHARE, with the workers'
-        CPU clocks agreeing, is plain before MIN_WINDOW_S (see CLEAR_WINDOW_S).
-        Not for workers that mostly wait (`compute`, their share of the time
-        outside the GIL's waits on a CPU, under COMPUTE_SHARE): threads that
-        sleep beside other processes that take the cores waited for the GIL
-        a seventh of their time at a first look."""
+        """Whether a wait for the GIL past GIL_BOUND_SHARE (under
+        CLEAR_GIL_SHARE) is as plain after CLEAR_WINDOW_S as that one, the
+        workers' CPU clocks agreeing: a few threads (under SERIAL_MANY at
+        work) that used about a core between them or less (SERIAL_CORES'
+        high bound), on a machine with more. GIL-free datasets' first looks
+        read a wait of a tenth or less (benchmarks/RESULTS.md, session 34);
+        threads that compute apart use more than a core. Not for workers that
+        mostly wait (`compute`, their share of the time outside the GIL's
+        waits on a CPU, under COMPUTE_SHARE): threads that sleep beside other
+        processes that take the cores waited a seventh of their time at a
+        first look."""
         return (
             gil_share >= GIL_BOUND_SHARE
             and cores is not None

@@ -604,8 +604,7 @@ class ProcessWorkers:
                 # its tasks itself until the process is up (no task waits
                 # for a start); where the GIL runs the threads one at a time,
                 # in this task (see WorkerMethod.threads_serialised).
-                serialised = method.threads_serialised
-                if on_processes and not serialised and not remote.start_beside():
+                if on_processes and not method.threads_serialised and not remote.start_beside():
                     return thread_run(epoch, task)
             else:  # a stream moves at its epoch's start only
                 on_processes = epoch_on_processes.setdefault(epoch, method.processes)

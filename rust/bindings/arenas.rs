@@ -16,6 +16,15 @@ use super::detach;
 use super::slots::{fill_view, LeafOwner, PySlotLeaf};
 use crate::wire::{Arena, ArenaLayout, ArenaPool, Lease};
 
+/// Unmaps `arenas` (let go by the pool, its lock released): a batch's pages
+/// take a while to unmap, so not with the GIL held (the training loop's).
+/// Takes no lock.
+fn unmap_detached(py: Python<'_>, arenas: Vec<Arena>) {
+    if !arenas.is_empty() {
+        detach(py, move || drop(arenas));
+    }
+}
+
 /// An arena to announce to a worker process: its number, descriptor, size,
 /// places and leaf sizes.
 type Announce = (u32, RawFd, usize, usize, Vec<usize>);
@@ -79,12 +88,7 @@ impl PyArenaPool {
         // Not detached: the pool's lock is only ever taken with the GIL held
         // (a lease's drop runs in Python's), and held for no wait.
         let mut placement = self.pool.place(worker, &positions);
-        let retired = std::mem::take(&mut placement.retired);
-        if !retired.is_empty() {
-            // Unmapping a batch's pages takes a while: not with the GIL held
-            // (the training loop's). No lock is taken.
-            detach(task.py(), move || drop(retired));
-        }
+        unmap_detached(task.py(), std::mem::take(&mut placement.retired));
         let destinations = placement
             .destinations
             .iter()
@@ -307,12 +311,7 @@ fn _arena_batch(batch: &Bound<'_, PyAny>) -> PyResult<Option<PyArenaBatch>> {
             Arc::ptr_eq(&other, &lease) && other_leaf == leaf && place as usize == index
         })
     });
-    let stopped = lease.report(in_place).into_arenas();
-    if !stopped.is_empty() {
-        // Unmapping them takes a while: not with the GIL held (the training
-        // loop's). No lock is taken.
-        detach(batch.py(), move || drop(stopped));
-    }
+    unmap_detached(batch.py(), lease.report(in_place).into_arenas());
     if !in_place {
         return Ok(None);
     }
