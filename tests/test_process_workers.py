@@ -1622,46 +1622,13 @@ def test_workers_plainly_serialised_by_the_gil_move_after_a_few_samples(
     figures = {"samples_loaded": 16, "busy": 0.06, "gil_wait": 0.03, "cpu": 0.03}
     assert method.observe(figures) == "move"
     assert "waited for the GIL 50%" in method.reason
-    # A lesser share waits for the usual window where the threads used more
-    # than a core between them (they ran apart at times)...
+    # A lesser share waits for the usual window.
     other = WorkerMethod("auto")
     clock.now = 0.0
     other.observe({"samples_loaded": 0, "busy": 0.0, "gil_wait": 0.0, "cpu": 0.0})
     clock.now = _worker_method.CLEAR_WINDOW_S
     figures = {"samples_loaded": 16, "busy": 0.06, "gil_wait": 0.018, "cpu": 0.04}
     assert other.observe(figures) != "move" and not other.decided
-
-
-@pytest.mark.parametrize(
-    ("busy", "cpu", "cores", "share", "moves"),
-    [
-        # two threads, one at work on average (the serial sign wants 1.3),
-        # on 0.6 cores
-        (0.03, 0.018, 2, 0.3, True),
-        (0.03, 0.018, 2, 0.15, False),  # a wait under GIL_BOUND_SHARE
-        # two threads that sleep, beside processes that take the cores: on a
-        # CPU a tenth of their time outside the GIL's waits
-        (0.06, 0.0042, 2, 0.3, False),
-        (0.06, 0.04, 2, 0.3, False),  # on 1.33 cores: they ran apart at times
-        # sixteen threads handing round a GIL mostly free (the many-thread
-        # sign wants a longer wait from so many)
-        (0.48, 0.03, 2, 0.25, False),
-        (0.03, 0.018, 1, 0.3, False),  # one core: processes would share it too
-    ],
-)
-def test_a_lesser_gil_wait_on_about_one_core_moves_after_a_few_samples(
-    monkeypatch: pytest.MonkeyPatch, busy: float, cpu: float, cores: int, share: float, moves: bool
-) -> None:
-    # 30 ms and 16 samples in, the threads waited to enter Python between
-    # GIL_BOUND_SHARE and CLEAR_GIL_SHARE of their fetch time: plain where
-    # their CPU clocks agree that the GIL ran them one at a time.
-    clock, method, _ = _auto_on_a_clock(monkeypatch)
-    monkeypatch.setattr(_worker_method, "_cores", lambda: cores)
-    clock.now = _worker_method.CLEAR_WINDOW_S
-    figures = {"samples_loaded": 16, "busy": busy, "gil_wait": share * busy, "cpu": cpu}
-    assert (method.observe(figures) == "move") is moves, method.reason
-    if moves:
-        assert "waited for the GIL 30% of their fetch time and used 0.60 cores" in method.reason
 
 
 @pytest.mark.parametrize(

@@ -814,16 +814,9 @@ class WorkerMethod:
                     True,
                     f"auto: worker threads waited for the GIL {share:.0%} of their fetch time",
                 )
-            cores_used = cpu / elapsed if cpu is not None else None
-            if self._one_core_between_few(share, busy / elapsed, cores_used, compute):
-                return self._decide(
-                    True,
-                    f"auto: worker threads waited for the GIL {share:.0%} of their fetch time "
-                    f"and used {cores_used:.2f} cores together",
-                )
             serial = self._serialised(
                 busy / elapsed,
-                cores_used,
+                cpu / elapsed if cpu is not None else None,
                 share,
                 lambda: _waiting_for_a_core(window, elapsed),
             )
@@ -919,30 +912,6 @@ class WorkerMethod:
             + ")",
         )
         return None
-
-    @staticmethod
-    def _one_core_between_few(
-        gil_share: float, parallel: float, cores: float | None, compute: float
-    ) -> bool:
-        """Whether a wait for the GIL past GIL_BOUND_SHARE (under
-        CLEAR_GIL_SHARE) is as plain after CLEAR_WINDOW_S as that one, the
-        workers' CPU clocks agreeing: a few threads (under SERIAL_MANY at
-        work) that used about a core between them or less (SERIAL_CORES'
-        high bound), on a machine with more. GIL-free datasets' first looks
-        read a wait of a tenth or less (benchmarks/RESULTS.md, session 34);
-        threads that compute apart use more than a core. Not for workers that
-        mostly wait (`compute`, their share of the time outside the GIL's
-        waits on a CPU, under COMPUTE_SHARE): threads that sleep beside other
-        processes that take the cores waited a seventh of their time at a
-        first look."""
-        return (
-            gil_share >= GIL_BOUND_SHARE
-            and cores is not None
-            and cores <= SERIAL_CORES[1]
-            and compute >= COMPUTE_SHARE
-            and parallel < SERIAL_MANY
-            and _cores() >= 2
-        )
 
     @staticmethod
     def _serialised(
