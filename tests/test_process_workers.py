@@ -972,6 +972,7 @@ _MOVED_AT_FIRST_LOOK = textwrap.dedent("""
         if self.decided:
             return None
         self._gain_wanted = globals().get("GAIN_WANTED", False)
+        self._seen = (0.05, 40)  # what the threads loaded while undecided
         self._decide(True, "auto: moved by the test")
         return "move"
 
@@ -1092,6 +1093,53 @@ def test_a_move_the_gil_decided_starts_each_process_in_its_workers_next_task(
     run = _run_script(script, tmp_path, "serialised" if serialised else "trial")
     where = "minato-worker-" if serialised else "minato-process-start"
     assert run.stdout.split("\n")[0] == f"multiprocessing ['{where}']", run.stdout
+
+
+@pytest.mark.parametrize("serialised", [True, False], ids=["serialised", "trial"])
+def test_a_move_the_gil_decided_holds_the_threads_out_of_the_dataset_until_it_is_made(
+    tmp_path: Path, serialised: bool
+) -> None:
+    # Threads the GIL runs one at a time take it from the training thread
+    # for a switch interval at each of its turns: the server's fork, the
+    # spec's pickle and the move ran several times slower beside them. They
+    # wait at the door to the user's code until the workers have moved. A
+    # trial that wants a gain lets them load meanwhile.
+    script = (
+        textwrap.dedent("""
+        import sys, threading, time
+        import minato
+        from minato._process import method, workers
+        from minato._util import user_code
+
+        serialised = sys.argv[1] == "serialised"
+        GAIN_WANTED = not serialised
+        at_activation = []
+        activate = method.WorkerMethod.activate
+
+        def recorded_activate(self, *args, **kwargs):
+            me = threading.get_ident()
+            inside = [ident for ident in list(user_code._depth) if ident != me]
+            at_activation.append((user_code._door.is_set(), inside))
+            activate(self, *args, **kwargs)
+
+        method.WorkerMethod.activate = recorded_activate
+        """)
+        + _MOVED_AT_FIRST_LOOK
+        + textwrap.dedent("""
+        loader = minato.DataLoader(Sleeps(), batch_size=8, num_workers=2, persistent_workers=True)
+        for epoch in range(2):
+            assert sorted(int(i) for batch in loader for i in batch) == list(range(400))
+        print(loader.stats().worker_method, at_activation[0][0], at_activation[0][1])
+        print("door open after", user_code._door.is_set())
+        """)
+    )
+    run = _run_script(script, tmp_path, "serialised" if serialised else "trial")
+    lines = run.stdout.split("\n")
+    if serialised:
+        assert lines[0] == "multiprocessing False []", run.stdout
+    else:
+        assert lines[0].startswith("multiprocessing True"), run.stdout
+    assert lines[1] == "door open after True", run.stdout
 
 
 def test_a_stopped_fork_server_is_reaped_where_no_thread_can_be_started(tmp_path: Path) -> None:

@@ -75,6 +75,41 @@ def test_the_forking_thread_itself_may_be_inside() -> None:
         assert clear
 
 
+def test_the_door_stays_closed_until_the_last_block_holding_it_ends() -> None:
+    # Auto's move holds the threads out across the fork it makes, whose own
+    # wait (and any fork's at-fork wait) must not reopen the door early.
+    from minato._util import user_code
+
+    entered = threading.Event()
+
+    def entrant() -> None:
+        with IN_USER_CODE:
+            entered.set()
+
+    with out_of_user_code(bound=5) as clear:
+        assert clear
+        with out_of_user_code(bound=5):
+            pass
+        if hasattr(os, "fork"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:
+                # The child starts with the door open and none holding it.
+                open_in_child = False
+                try:
+                    open_in_child = user_code._door.is_set() and not user_code._closers
+                finally:
+                    os._exit(0 if open_in_child else 1)
+            assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert not user_code._door.is_set()
+        entering = threading.Thread(target=entrant)
+        entering.start()
+        assert not entered.wait(0.05)  # held at the door
+    entering.join()
+    assert entered.is_set() and user_code._door.is_set()
+
+
 def test_threads_that_left_leave_no_entry_behind() -> None:
     from minato._util import user_code
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import time
 import weakref
@@ -65,6 +66,7 @@ from minato._thread.dataset import bound_to_copies, worker_dataset
 from minato._util.log import logger
 from minato._util.memory import give_back_freed_memory_soon
 from minato._util.priority import worker_nice_value
+from minato._util.user_code import FORK_QUIET_BOUND_S, out_of_user_code
 
 if TYPE_CHECKING:
     from minato.dataloader import DataLoader
@@ -671,29 +673,37 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
                 release_fork_server()
                 self._release_pool()
             return
-        # The fork server first, from this thread: the dataset's large
-        # arrays and lists go to worker processes as references to its
-        # memory only once it has them (minato._process.inherit), so the
-        # spec is pickled after, off this thread; a spec that cannot be is
-        # found on a later batch (above).
-        warm_up(dataset=processes.spec.dataset)
-        processes.prepare()
-        # Once auto decided on processes, threads whose Python takes the GIL
-        # gain nothing from more of them (a PIL pipeline's pool grew at the
-        # start, its epoch slower than on num_workers, benchmarks/RESULTS.md):
-        # the pool keeps the size processes will have, from now on. Not on a
-        # lean ("warm"): a borderline GIL delay leans for up to a second
-        # before threads are kept, and an I/O pool held at num_workers that
-        # long ran its first epochs at a fraction of its rate (session 25).
-        if verdict == "move":
-            self._fix_pool()
-        wait = method.move_wait()
-        if verdict == "move" and wait > 0:
-            # A loop that sets the pace runs its next step beside the
-            # threads unless the workers move now: worth a wait for the
-            # spec's pickle, up to about such a step.
-            processes.wait_prepared(wait)
-            self._move_when_ready(now)
+        # Threads that the GIL runs one at a time load little meanwhile, and
+        # take the GIL from this thread for a switch interval at each of its
+        # turns: the fork, the spec's pickle and the move ran several times
+        # slower beside them (benchmarks/RESULTS.md, session 36). They wait
+        # at the door to the user's code until the workers have moved.
+        serialised = verdict == "move" and method.threads_serialised
+        with out_of_user_code(FORK_QUIET_BOUND_S) if serialised else contextlib.nullcontext():
+            # The fork server first, from this thread: the dataset's large
+            # arrays and lists go to worker processes as references to its
+            # memory only once it has them (minato._process.inherit), so the
+            # spec is pickled after, off this thread; a spec that cannot be
+            # is found on a later batch (above).
+            warm_up(dataset=processes.spec.dataset)
+            processes.prepare()
+            # Once auto decided on processes, threads whose Python takes the
+            # GIL gain nothing from more of them (a PIL pipeline's pool grew
+            # at the start, its epoch slower than on num_workers,
+            # benchmarks/RESULTS.md): the pool keeps the size processes will
+            # have, from now on. Not on a lean ("warm"): a borderline GIL
+            # delay leans for up to a second before threads are kept, and an
+            # I/O pool held at num_workers that long ran its first epochs at
+            # a fraction of its rate (session 25).
+            if verdict == "move":
+                self._fix_pool()
+            wait = method.move_wait()
+            if verdict == "move" and wait > 0:
+                # A loop that sets the pace runs its next step beside the
+                # threads unless the workers move now: worth a wait for the
+                # spec's pickle, up to about such a step.
+                processes.wait_prepared(wait)
+                self._move_when_ready(now)
 
     def _move_when_ready(self, now: float) -> None:
         """Auto decided on processes: the workers hand their next tasks to

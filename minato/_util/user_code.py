@@ -42,6 +42,12 @@ FORK_QUIET_BOUND_S = 0.1
 _depth: dict[int, int] = {}
 _door = threading.Event()
 _door.set()
+# The `out_of_user_code` blocks open now (a fork's own wait among them, and
+# auto's move, which holds the threads out across the fork it makes): the
+# door reopens as the last one ends. Counted under a lock of its own, held
+# only for the count.
+_closers = 0
+_closers_lock = threading.Lock()
 
 
 class _InUserCode:
@@ -87,12 +93,29 @@ def _others_inside(me: int) -> bool:
     return any(ident != me for ident in list(_depth))
 
 
+def _close_door() -> None:
+    global _closers
+    with _closers_lock:
+        _closers += 1
+        _door.clear()
+
+
+def _open_door() -> None:
+    global _closers
+    with _closers_lock:
+        # (A fork child starts with none open, yet may end the block the
+        # fork was made in.)
+        _closers = max(0, _closers - 1)
+        if not _closers:
+            _door.set()
+
+
 def _close_and_wait(bound: float) -> bool:
     """Closes the door to the user's code and waits up to `bound` seconds
     (the GIL released) for minato's threads inside to leave; returns whether
     none is left inside."""
     me = threading.get_ident()
-    _door.clear()
+    _close_door()
     deadline = time.monotonic() + bound
     while _others_inside(me) and time.monotonic() < deadline:
         time.sleep(_POLL_S)
@@ -103,11 +126,11 @@ def _close_and_wait(bound: float) -> bool:
 def out_of_user_code(bound: float) -> Iterator[bool]:
     """Closes the door to the user's code and waits up to `bound` seconds
     for minato's threads inside to leave; yields whether none is left
-    inside, then reopens the door."""
+    inside, then reopens the door (unless another such block is still open)."""
     try:
         yield _close_and_wait(bound)
     finally:
-        _door.set()
+        _open_door()
 
 
 def _before_any_fork() -> None:
@@ -117,18 +140,20 @@ def _before_any_fork() -> None:
 
 
 def _reopen_in_parent() -> None:
-    _door.set()
+    _open_door()
 
 
 def _start_over_in_child() -> None:
     """A fork child has none of the parent's other threads, and the door's
     lock may have been held by one of them: a new door, open."""
-    global _door
+    global _door, _closers, _closers_lock
     me = threading.get_ident()
     own = _depth.get(me, 0)  # a fork made from inside the user's code
     _depth.clear()
     if own:
         _depth[me] = own
+    _closers = 0
+    _closers_lock = threading.Lock()
     _door = threading.Event()
     _door.set()
 
