@@ -1142,6 +1142,38 @@ def test_a_move_the_gil_decided_holds_the_threads_out_of_the_dataset_until_it_is
     assert lines[1] == "door open after True", run.stdout
 
 
+def test_a_loader_after_a_decision_on_processes_loads_every_sample_on_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An earlier loader of the dataset's type chose processes: this one's
+    # workers start on them, as forced ones do, with no sample loaded on
+    # their threads beside the starts (the GIL slowed both).
+    monkeypatch.setitem(
+        _worker_method._decided_for, Described, (True, "auto: decided for the test", True)
+    )
+    loader = minato.DataLoader(Described(), batch_size=4, num_workers=2)
+    samples = [sample for batch in loader for sample in _rows(batch)]
+    assert sorted(s["index"] for s in samples) == list(range(40))
+    assert os.getpid() not in {s["pid"] for s in samples}
+    assert {s["method"] for s in samples} == {"multiprocessing"}
+    assert loader.stats().worker_method == "multiprocessing"
+    del loader
+    assert wait_until(lambda: not workers_of_this_process())
+
+
+def test_a_loader_after_a_decision_on_processes_keeps_threads_where_its_dataset_cannot_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(
+        _worker_method._decided_for, SleepsHoldingALock, (True, "auto: decided for the test", True)
+    )
+    loader = minato.DataLoader(SleepsHoldingALock(), batch_size=8, num_workers=2)
+    assert indices(loader) == list(range(len(loader.dataset)))
+    stats = loader.stats()
+    assert stats.worker_method == "thread"
+    assert "cannot be pickled" in (stats.worker_method_reason or ""), stats.worker_method_reason
+
+
 def test_a_stopped_fork_server_is_reaped_where_no_thread_can_be_started(tmp_path: Path) -> None:
     # Its exit is waited for on a thread of its own; where none can be
     # started (a process at its thread limit), the caller waits, as before,

@@ -458,13 +458,27 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             # process's pages as they are (one that has come to hold those
             # let go since it was forked is forked again, see warm_up).
             warm_up(dataset=spec.dataset)
-        return ProcessWorkers(
+        workers = ProcessWorkers(
             spec,
             method,
             collate_fn=loader.collate_fn,
             hard_timeout=loader.sample_hard_timeout,
             per_task_switch=not loader.deals_in_turn(),
         )
+        if method.decided_before and not method.processes:
+            # An earlier loader's decision: the workers start on processes,
+            # as forced ones do. Threads loading beside the starts slowed
+            # them (the GIL) and this loader's first epoch with them
+            # (benchmarks/RESULTS.md, session 36). The spec is pickled here,
+            # before any worker thread runs: one that cannot be keeps threads.
+            why = workers.check_picklable()
+            if why is not None:
+                method.cannot_use_processes(why)
+                workers.close()
+                release_fork_server()
+                return None
+            method.activate(trial=False)
+        return workers
 
     def _start_engine(self, loader: DataLoader) -> Engine | SampleEngine:
         spec = self._worker_spec(loader)

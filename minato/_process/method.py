@@ -653,6 +653,13 @@ class WorkerMethod:
         return clear and self._on_threads.measured_for(CLEAR_THREADS_MIN_S, batches)
 
     @property
+    def decided_before(self) -> bool:
+        """Processes decided for an earlier loader of the dataset's type: this
+        loader's workers start on them, as forced ones do (no thread phase,
+        no trial)."""
+        return self._inherited
+
+    @property
     def threads_serialised(self) -> bool:
         """Whether this loader decided on processes on a sign that the GIL
         runs its worker threads one at a time (no trial wanting a gain; not

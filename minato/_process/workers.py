@@ -463,7 +463,6 @@ class ProcessWorkers:
         # Set when samples may also be written into their places in their
         # batches (rust/wire/arena.rs).
         self.arenas: ArenaPool | None = None
-        self.forced = method.processes and method.requested == "multiprocessing"
         # Whether a map-style loader may move between tasks (otherwise an
         # IterableDataset's worker moves at its epoch's start, a loader that
         # deals in turn when its workers start).
@@ -482,6 +481,14 @@ class ProcessWorkers:
         self._processes: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
         self.closed = False
         _live.add(self)
+
+    @property
+    def forced(self) -> bool:
+        """Whether each worker runs on its process from its start, never on
+        its thread: worker_method="multiprocessing", or auto's decision for
+        an earlier loader of the dataset's type."""
+        method = self.method
+        return method.processes and (method.requested == "multiprocessing" or method.decided_before)
 
     def spec_payload(self) -> _ipc.Payload:
         """The spec, pickled once for every process this engine starts."""
