@@ -68,7 +68,7 @@ from typing import Any
 
 from torch._utils import ExceptionWrapper
 
-from minato._minato import ArenaPool, SlotMap, Wire, WireError
+from minato._minato import ArenaPool, SlotMap, Wire, WireError, _own_status_bytes
 from minato._process import inherit
 from minato._process import ipc as _ipc
 from minato._process import zygote as _zygote
@@ -684,8 +684,9 @@ def _proc_bytes(path: str, field: str) -> int | None:
 
 def _anonymous_resident() -> int | None:
     """This process's anonymous resident bytes (``RssAnon``: a counter the
-    kernel keeps, read without walking the page tables)."""
-    return _proc_bytes("/proc/self/status", "RssAnon")
+    kernel keeps, read without walking the page tables, and in Rust with the
+    GIL kept: auto forks the server beside worker threads that hold it)."""
+    return _own_status_bytes("RssAnon")
 
 
 def _minor_faults() -> int:

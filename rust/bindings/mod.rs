@@ -13,6 +13,7 @@ mod io_image;
 mod io_source;
 mod io_video;
 mod locked;
+mod proc_status;
 mod sample_collate;
 mod sample_engine;
 mod sample_ledger;
@@ -64,5 +65,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sample_ledger::register(m)?;
     sample_progress::register(m)?;
     spare_cores::register(m)?;
+    proc_status::register(m)?;
     Ok(())
 }
