@@ -1056,6 +1056,18 @@ def test_the_fork_server_goes_once_a_trial_back_to_threads_has_ended_its_process
     ], run.stdout
 
 
+# The opening of a script whose move comes from a clear sign of the GIL
+# ("serialised") or from a trial that wants a gain ("trial"), by its argument.
+_SERIALISED_OR_TRIAL = textwrap.dedent("""
+    import sys, threading, time
+    import minato
+    from minato._process import method, workers
+
+    serialised = sys.argv[1] == "serialised"
+    GAIN_WANTED = not serialised
+""")
+
+
 @pytest.mark.parametrize("serialised", [True, False])
 def test_a_move_the_gil_decided_starts_each_process_in_its_workers_next_task(
     tmp_path: Path, serialised: bool
@@ -1065,12 +1077,8 @@ def test_a_move_the_gil_decided_starts_each_process_in_its_workers_next_task(
     # worker starts its process in its next task. A trial that wants a gain
     # starts it beside the thread, which loads meanwhile.
     script = (
-        textwrap.dedent("""
-        import sys, threading, time
-        import minato
-        from minato._process import method, workers
-
-        serialised = sys.argv[1] == "serialised"
+        _SERIALISED_OR_TRIAL
+        + textwrap.dedent("""
         started_on = []
         init = workers.WorkerProcess.__init__
 
@@ -1083,7 +1091,6 @@ def test_a_move_the_gil_decided_starts_each_process_in_its_workers_next_task(
             init(self, *args, **kwargs)
 
         workers.WorkerProcess.__init__ = recorded_init
-        GAIN_WANTED = not serialised
         """)
         + _MOVED_AT_FIRST_LOOK
         + textwrap.dedent("""
@@ -1108,14 +1115,10 @@ def test_a_move_the_gil_decided_holds_the_threads_out_of_the_dataset_until_it_is
     # wait at the door to the user's code until the workers have moved. A
     # trial that wants a gain lets them load meanwhile.
     script = (
-        textwrap.dedent("""
-        import sys, threading, time
-        import minato
-        from minato._process import method, workers
+        _SERIALISED_OR_TRIAL
+        + textwrap.dedent("""
         from minato._util import user_code
 
-        serialised = sys.argv[1] == "serialised"
-        GAIN_WANTED = not serialised
         # However loaded the machine, the move is made within the wait (what
         # is checked is where the threads are as it is made).
         method.MOVE_WAIT_S = 60.0
