@@ -741,9 +741,9 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             # By then the threads' last tasks are done.
             self._trim_after = now + TRIM_AFTER_MOVE_S
         elif method.decided:
-            # Decided before this loader's first samples (an earlier
-            # loader's decision): the dataset's modules too. Asking again
-            # does nothing.
+            # The server not ready yet: its imports under way (asking again
+            # for them does nothing), or it failed to start or to import
+            # them, and is started and asked again here.
             warm_up(modules)
 
     def _on_processes(self) -> None:

@@ -639,9 +639,10 @@ class WorkerMethod:
 
     def ready_for_processes(self) -> bool:
         """Auto moves once the loop's rate on threads is measured (sooner
-        after a clear sign, see CLEAR_THREADS_MIN_S; at once where an earlier
-        loader decided)."""
-        if self.requested != "auto" or self._inherited or self._on_threads.complete:
+        after a clear sign, see CLEAR_THREADS_MIN_S). A loader after an
+        earlier loader's decision starts on processes, never asks (see
+        `decided_before`)."""
+        if self.requested != "auto" or self._on_threads.complete:
             return True
         if self.threads_serialised and self._threads_loaded is not None:
             # Their side is what they loaded while undecided (see _threads_rate).
