@@ -32,6 +32,7 @@ __all__ = [
     "_load_npy",
     "_load_npz",
     "_own_status_bytes",
+    "_private_dirty_bytes",
     "_runnable_wait",
     "_same_items",
     "_sample_begins",
@@ -258,9 +259,10 @@ def _cores_busy_time() -> float | None: ...
 def _runnable_wait() -> float | None: ...
 def _thread_runnable_wait() -> float | None: ...
 
-# --- this process's own memory figures (rust/bindings/proc_status.rs) ---
+# --- memory figures from /proc (rust/bindings/proc_status.rs) ---
 
 def _own_status_bytes(field: str) -> int | None: ...
+def _private_dirty_bytes(pid: int) -> int | None: ...
 
 # --- a run's samples reported as each begins (rust/bindings/sample_progress.rs) ---
 

@@ -68,7 +68,14 @@ from typing import Any
 
 from torch._utils import ExceptionWrapper
 
-from minato._minato import ArenaPool, SlotMap, Wire, WireError, _own_status_bytes
+from minato._minato import (
+    ArenaPool,
+    SlotMap,
+    Wire,
+    WireError,
+    _own_status_bytes,
+    _private_dirty_bytes,
+)
 from minato._process import inherit
 from minato._process import ipc as _ipc
 from minato._process import zygote as _zygote
@@ -669,19 +676,6 @@ def release_fork_server() -> bool:
 STALE_SERVER_BYTES = 16 << 20
 
 
-def _proc_bytes(path: str, field: str) -> int | None:
-    """A ``field:   N kB`` line of a /proc file, in bytes; None where Linux
-    does not tell."""
-    try:
-        with open(path) as lines:
-            for line in lines:
-                if line.startswith(f"{field}:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _anonymous_resident() -> int | None:
     """This process's anonymous resident bytes (``RssAnon``: a counter the
     kernel keeps, read without walking the page tables, and in Rust with the
@@ -725,7 +719,7 @@ def _server_stale() -> bool:
         if _server_has_children():
             return False
         server.faults_at_look = faults
-        own = _proc_bytes(f"/proc/{server.pid}/smaps_rollup", "Private_Dirty")
+        own = _private_dirty_bytes(server.pid)
         return own is not None and own >= STALE_SERVER_BYTES
     return False
 
