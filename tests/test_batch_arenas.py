@@ -10,10 +10,12 @@ and batches are default_collate's.
 
 from __future__ import annotations
 
+import collections
 import gc
 import os
 import signal
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -146,6 +148,101 @@ def test_a_sample_that_leaves_its_batch_is_stacked_and_no_place_is_lost() -> Non
     batches = list(loader)
     assert sorted(_check(batches)) == list(range(192))
     assert loader.stats().moved_samples >= 1
+
+
+class Tracked(tud.Dataset):
+    """Each sample tells how many of the large tensors this copy of the
+    dataset returned before are still alive as it begins."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.returned: list[weakref.ref] = []
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int):
+        alive = sum(reference() is not None for reference in self.returned)
+        image = torch.full(IMAGE, float(index))
+        self.returned.append(weakref.ref(image))
+        return {"image": image, "alive": alive}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_worker_process_holds_no_earlier_samples_leaves_while_it_loads(workers: int) -> None:
+    # A run of samples writes each sample's large leaves into its place as
+    # the sample is loaded, and the last run's samples are let go once
+    # sent: a worker's heap holds one sample's tensors, not two runs' (the
+    # first run of each worker has no places yet: its layout is unknown).
+    loader = minato.DataLoader(
+        Tracked(96),
+        batch_size=8,
+        shuffle=True,
+        num_workers=workers,
+        worker_method="multiprocessing",
+    )
+    alive = [int(count) for batch in loader for count in batch["alive"]]
+    assert len(alive) == 96
+    assert alive.count(0) >= 48, sorted(alive)
+
+
+Point = collections.namedtuple("Point", ["image", "label"])
+
+
+class Structured(tud.Dataset):
+    """Samples of one structure each: containers the worker walks, and
+    those it leaves to the pickler whole."""
+
+    def __init__(self, structure: str) -> None:
+        self.structure = structure
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, index: int):
+        image = torch.arange(48 * 1024, dtype=torch.float32) + index
+        wide = torch.full((64, 1024), index, dtype=torch.bfloat16)
+        depth = np.full((100, 96), index, dtype=np.float64)
+        if self.structure == "containers":
+            # One tensor met twice; a small tensor, a view, nested containers.
+            return {
+                "image": image,
+                "again": image,
+                "depth": depth,
+                "small": torch.tensor([index]),
+                "label": np.int64(index),
+                "nested": [(wide.t(), index), {"scale": index / 2, "name": f"s{index}"}],
+            }
+        if self.structure == "namedtuple":
+            return Point(image, index), depth
+        if self.structure == "shared":
+            return image.share_memory_(), depth
+        return image[::2], index  # a strided view of a larger tensor
+
+
+@pytest.mark.parametrize("structure", ["containers", "namedtuple", "shared", "view"])
+def test_samples_of_every_structure_arrive_as_torchs(structure: str) -> None:
+    def epoch(cls, **options):
+        loader = cls(
+            Structured(structure),
+            batch_size=8,
+            shuffle=True,
+            num_workers=2,
+            generator=torch.Generator().manual_seed(5),
+            **options,
+        )
+        return list(loader)
+
+    theirs = epoch(tud.DataLoader)
+    ours = epoch(minato.DataLoader, worker_method="multiprocessing")
+    leaves_theirs = torch.utils._pytree.tree_leaves(theirs)
+    leaves_ours = torch.utils._pytree.tree_leaves(ours)
+    assert len(leaves_ours) == len(leaves_theirs)
+    for mine, torchs in zip(leaves_ours, leaves_theirs, strict=True):
+        if isinstance(torchs, torch.Tensor):
+            assert mine.dtype == torchs.dtype and torch.equal(mine, torchs)
+        else:
+            assert mine == torchs
 
 
 def test_batches_of_whichever_samples_finish_first_stop_the_lending() -> None:

@@ -23,6 +23,7 @@ import select
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -129,13 +130,19 @@ def main(sock: socket.socket) -> None:
         ring.task_begins()
         if skip is not None:
             stream_skip.count = skip
-        output: Any = run(epoch, task)
+        if placing is None:
+            output: Any = run(epoch, task)
+        else:
+            output = run(epoch, task, _settler(placing, writer))
         if output is EXHAUSTED:
             _ipc.send(wire, None)
         elif placing is None:
             _ipc.send(wire, (_deferred(output) if defer else output,), ring)
         else:
-            _ipc.send(wire, _placed(output, task, placing, writer), ring, writer)
+            _ipc.send(wire, _placed(output, task, placing), ring, writer)
+        # Sent: not held while the next task runs (its samples would stay
+        # alive beside the next run's).
+        del output
 
 
 def _deferred(output: list[Any]) -> list[Any]:
@@ -149,13 +156,27 @@ def _deferred(output: list[Any]) -> list[Any]:
     ]
 
 
-def _placed(output: list[Any], task: list[Any], placing: Any, writer: ArenaWriter) -> Any:
-    """A run of samples' results, each with the place the loader lent it in
-    its batch's arena (written there as it is pickled), and the sizes of
-    the first sample's large leaves."""
+def _settler(placing: Any, writer: ArenaWriter) -> Callable[[int, Any], Any]:
+    """What a run keeps of each sample as it is loaded: its large leaves
+    written at once into the place the loader lent it in its batch's arena
+    (minato._process.ipc.written_into_arena), so that the worker's heap
+    holds one sample's, not the run's."""
     places, _announced, forget = placing  # the announced arenas are mapped
     if forget:
         writer.forget(forget)
+
+    def settle(ordinal: int, sample: Any) -> Any:
+        place = places[ordinal]
+        return sample if place is None else _ipc.written_into_arena(sample, place, writer)
+
+    return settle
+
+
+def _placed(output: list[Any], task: list[Any], placing: Any) -> Any:
+    """A run of samples' results, each with the place the loader lent it in
+    its batch's arena (its large leaves written there as it was loaded, or
+    as it is pickled), and the sizes of the first sample's large leaves."""
+    places = placing[0]
     where = {item[0]: place for item, place in zip(task, places, strict=True) if place is not None}
     results = [
         _ipc.Placed(item, where.get(item[0])) if type(item) is tuple and len(item) == 2 else item

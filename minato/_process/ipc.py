@@ -135,6 +135,90 @@ class Placed:
         self.place = place
 
 
+class ArenaLeaf:
+    """A sample's large leaf a worker process wrote at its sample's place in
+    its batch's arena as the sample was loaded (`written_into_arena`), not
+    as its run's answer is pickled: a run of samples then holds none of
+    them. Pickles as the reduction that makes the leaf there."""
+
+    __slots__ = ("nbytes", "reduction")
+
+    def __init__(self, nbytes: int, reduction: tuple[Any, ...]) -> None:
+        self.nbytes, self.reduction = nbytes, reduction
+
+
+class _NotWritten(Exception):
+    """A sample `written_into_arena` leaves to the answer's pickler whole."""
+
+
+# What a sample may hold beside containers and leaves for its large leaves
+# to be written as it is loaded: values whose pickling holds no tensor (and
+# numpy's scalars).
+_SCALARS = (int, float, bool, str, bytes, type(None))
+
+
+def written_into_arena(sample: Any, place: tuple[int, int, int], writer: ArenaWriter) -> Any:
+    """`sample` with each large plain tensor and numeric array written at
+    `place` in its batch's arena, and an `ArenaLeaf` in its stead: the leaves
+    numbered in the order the answer's pickler meets them (tuples, lists and
+    dicts in order; one object met twice is one leaf, as its memo has it).
+    A sample holding anything else (an object of its own, a tensor in
+    shared memory, a leaf its place cannot take) is returned as it is: the
+    pickler writes it, as before. Builds new containers: the dataset's own
+    are never changed."""
+    arena, generation, at = place
+    # By the id of each leaf written: `sample` keeps them alive meanwhile.
+    written: dict[int, ArenaLeaf] = {}
+
+    def leaf(data: np.ndarray, dtype: Any, shape: tuple, is_array: bool) -> ArenaLeaf:
+        number = len(written)
+        if not writer.place(arena, generation, at, number, data):
+            raise _NotWritten
+        args = (arena, generation, at, number, data.nbytes, dtype, shape, is_array)
+        return ArenaLeaf(data.nbytes, (_rebuild_arena_leaf, args))
+
+    def walk(obj: Any) -> Any:
+        kind = type(obj)
+        if kind in _SCALARS or (isinstance(obj, np.generic) and kind is not np.object_):
+            return obj
+        if kind is tuple:
+            return tuple([walk(item) for item in obj])
+        if kind is list:
+            return [walk(item) for item in obj]
+        if kind is dict:
+            if not all(type(key) in _SCALARS for key in obj):
+                raise _NotWritten
+            return {key: walk(value) for key, value in obj.items()}
+        if kind is torch.Tensor:
+            if not _plain_tensor(obj) or obj.untyped_storage().is_shared():
+                raise _NotWritten
+            if obj.nbytes < SHARE_MIN_BYTES:
+                return obj
+        elif kind is np.ndarray:
+            if obj.dtype.hasobject:
+                raise _NotWritten
+            if obj.nbytes < SHARE_MIN_BYTES or obj.dtype.kind not in "biufc":
+                return obj
+        else:
+            raise _NotWritten
+        found = written.get(id(obj))
+        if found is None:
+            if kind is torch.Tensor:
+                data = obj.contiguous().reshape(-1).view(torch.uint8).numpy()
+                found = leaf(data, obj.dtype, tuple(obj.shape), False)
+            else:
+                raw = np.ascontiguousarray(obj).reshape(-1).view(np.uint8)
+                found = leaf(raw, obj.dtype, obj.shape, True)
+            written[id(obj)] = found
+        return found
+
+    try:
+        settled = walk(sample)
+    except _NotWritten:
+        return sample
+    return settled if written else sample
+
+
 class LeafSizes:
     """Pickled after a worker's results: the sizes of the first sample's
     large leaves, in order (the loader lays its arenas out by them)."""
@@ -282,6 +366,15 @@ class _SharingPickler(cloudpickle.Pickler):
             self.first_sizes = []
         return _unplaced, (placed.item,)
 
+    def _arena_leaf(self, leaf: ArenaLeaf) -> Any:
+        """A leaf written as its sample was loaded: counted as `_in_arena`
+        counts the leaves it writes."""
+        self.leaf += 1
+        if self.recording:
+            assert self.first_sizes is not None
+            self.first_sizes.append(leaf.nbytes)
+        return leaf.reduction
+
     def _in_arena(self, data: np.ndarray, dtype: Any, shape: tuple, is_array: bool) -> Any:
         """`data` (contiguous bytes) written at the sample's place in its
         batch's arena, as the reduction that makes its leaf; None where it
@@ -370,6 +463,8 @@ class _SharingPickler(cloudpickle.Pickler):
             return self._placed(obj)
         if kind is Deferred:
             return self._deferred(obj)
+        if kind is ArenaLeaf:
+            return self._arena_leaf(obj)
         if kind is LeafSizes:
             return _unplaced, (self.first_sizes,)
         if kind is ArenaAnnounce:

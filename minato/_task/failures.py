@@ -151,11 +151,12 @@ def load_skipping(
     indices: list[Any],
     worker: int | None,
     run: Any = None,
+    settle: Callable[[int, Any], Any] | None = None,
 ) -> list[Any]:
     """Loads `indices` (with ``__getitems__`` when the dataset has one): for
     each, its sample, or its `SampleFailure` when loading it raised.
     `run`: the samples' seeding (a minato._task.seed.SampleRun), moved on
-    before each is loaded."""
+    before each is loaded; `settle`: see `load_each`."""
     if getitems is not None:
         if run is not None:
             run.begin(0)
@@ -163,27 +164,37 @@ def load_skipping(
             return list(getitems(indices))
         except Exception:
             pass  # load one by one below to find which samples fail
-    return load_each(dataset, indices, run, lambda index: current_failure(index, worker))
+    return load_each(dataset, indices, run, lambda index: current_failure(index, worker), settle)
 
 
 def load_each(
-    dataset: Any, indices: list[Any], run: Any, failed: Callable[[Any], Any]
+    dataset: Any,
+    indices: list[Any],
+    run: Any,
+    failed: Callable[[Any], Any],
+    settle: Callable[[int, Any], Any] | None = None,
 ) -> list[Any]:
     """Loads `indices` one by one: for each, its sample, or what `failed`
     makes of its index, called while the exception is being handled.
     `run`: the samples' seeding (a minato._task.seed.SampleRun, or None),
     moved on before each is loaded. Each sample is reported to the engine
     as it begins: a run of samples on a worker thread is judged late by the
-    sample it is on (rust/bindings/sample_progress.rs)."""
+    sample it is on (rust/bindings/sample_progress.rs). `settle(ordinal,
+    sample)`, where given, takes each sample as it is loaded and gives what
+    the run keeps of it (a worker process writes its large leaves into
+    their place at once, so that a run does not hold them all)."""
     loaded: list[Any] = []
     for ordinal, index in enumerate(indices):
         _sample_begins()
         if run is not None:
             run.begin(ordinal)
         try:
-            loaded.append(dataset[index])
+            sample = dataset[index]
         except Exception:
             loaded.append(failed(index))
+        else:
+            loaded.append(sample if settle is None else settle(ordinal, sample))
+            del sample  # not held through the next sample's loading
     return loaded
 
 

@@ -162,7 +162,11 @@ def make_runner(
                 output = fetcher.fetch(epoch, index, per_sample, lambda: seed_collate(collating))
         return output if output is EXHAUSTED else (tag, output)
 
-    def run_samples(epoch: int, tagged: list[tuple[int, Any, Any]]) -> list[tuple[int, Any]]:
+    def run_samples(
+        epoch: int,
+        tagged: list[tuple[int, Any, Any]],
+        settle: Callable[[int, Any], Any] | None = None,
+    ) -> list[tuple[int, Any]]:
         tags = [tag for tag, _, _ in tagged]
         error = failure()
         if error is not None:
@@ -172,7 +176,7 @@ def make_runner(
         run = None if key is None else SampleRun(key, tags, eager_seed)
         begin_run(run)
         with own_generator, IN_USER_CODE:
-            loaded = fetcher.fetch_samples([index for _, index, _ in tagged], run)
+            loaded = fetcher.fetch_samples([index for _, index, _ in tagged], run, settle)
         return [
             Skipped(tag, sample) if isinstance(sample, SampleFailure) else (tag, sample)
             for tag, sample in zip(tags, loaded, strict=True)
@@ -256,13 +260,19 @@ class _MapFetcher:
             return WorkerError(where=_where(self.worker_id, index, collating=True))
         return sample_count(data, self.auto_collation), batch, failures
 
-    def fetch_samples(self, indices: list[Any], run: SampleRun | None = None) -> list[Any]:
+    def fetch_samples(
+        self,
+        indices: list[Any],
+        run: SampleRun | None = None,
+        settle: Callable[[int, Any], Any] | None = None,
+    ) -> list[Any]:
         """Single samples, uncollated; a failing one becomes its ExceptionWrapper
         (its SampleFailure when skipping). `run`: each sample's seeding,
         moved on before the sample is loaded (a ``__getitems__`` call is
-        seeded for its first)."""
+        seeded for its first); `settle`: see minato._task.failures.load_each
+        (not for ``__getitems__``, whose samples come all at once)."""
         if self.skip_errors:
-            return load_skipping(self.dataset, self.getitems, indices, self.worker_id, run)
+            return load_skipping(self.dataset, self.getitems, indices, self.worker_id, run, settle)
         if self.getitems is not None:
             if run is not None:
                 run.begin(0)
@@ -272,7 +282,11 @@ class _MapFetcher:
                 return [WorkerError(where=_where(self.worker_id, indices))] * len(indices)
         worker_id = self.worker_id
         return load_each(
-            self.dataset, indices, run, lambda index: WorkerError(where=_where(worker_id, index))
+            self.dataset,
+            indices,
+            run,
+            lambda index: WorkerError(where=_where(worker_id, index)),
+            settle,
         )
 
 
