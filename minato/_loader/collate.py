@@ -164,7 +164,7 @@ def fast_default_collate(pin: bool) -> Callable[[list[Any]], Any]:
     else:
         # Unpinned, torch's own stack of tensors and arrays is as fast
         # (benchmarks/collate.py), and on many worker threads collating at
-        # once it ran 1.5x faster (benchmarks/RESULTS.md): only the slot
+        # once it ran faster (benchmarks/RESULTS.md): only the slot
         # leaves of samples from worker processes take the Rust path.
         collate_fn_map[torch.Tensor] = _with_values(_collate.default_collate_fn_map[torch.Tensor])
         collate_fn_map[np.ndarray] = _with_values(_collate.default_collate_fn_map[np.ndarray])

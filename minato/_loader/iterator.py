@@ -95,12 +95,11 @@ SERVER_RELEASE_CHECK_INTERVAL_S = 0.5
 # back this long after (their last tasks done meanwhile).
 TRIM_AFTER_MOVE_S = 0.2
 # With worker processes, a task costs a round trip (pickling, two socket
-# hops, ~0.3 ms on 2 idle cores), and far more beside many workers, whose
-# threads take the GIL for each: samples go to them in runs of at least this
-# long. Measured at 16 workers on 16 cores against runs of 10 ms: PIL
-# 1,884 -> 2,755 samples/s, minato.io 2,276 -> 4,074; on 2 cores +5-10%.
+# hops), and far more beside many workers, whose threads take the GIL for
+# each: samples go to them in runs of at least this long (faster than runs
+# of 10 ms at 16 workers on 16 cores, and on 2: benchmarks/RESULTS.md).
 PROCESS_RUN_TARGET_S = 0.05
-# ...and a replacement for a slow sample costs a process start (~10 ms, and
+# ...and a replacement for a slow sample costs a process start (a fork, and
 # the dataset unpickled): the automatic per-sample timeout is at least this.
 PROCESS_MIN_TIMEOUT_S = 0.05
 

@@ -935,8 +935,8 @@ def loads(
 
 
 # A pickle this large goes to worker processes in shared memory, written
-# once, instead of through each one's socket (a dataset holding its data:
-# 88 MB of JPEGs took each of 2 worker processes about 0.4 s to receive).
+# once, instead of through each one's socket (a dataset holding its data
+# took each worker process long to receive: benchmarks/RESULTS.md).
 SPILL_BYTES = 1 << 20
 
 

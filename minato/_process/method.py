@@ -90,12 +90,13 @@ CLEAR_GIL_SHARE = 2 * GIL_BOUND_SHARE
 CLEAR_WINDOW_S = 0.03
 # The same sign read from the workers' CPU clocks, which see the GIL's
 # hand-overs inside the dataset's Python (the wait above is only taken as a
-# task enters Python, and reads 13-54 % for two threads of pure Python,
-# depending on how their turns fall): workers that are in their tasks
-# together (at least SERIAL_PARALLEL of them on average) yet use together
-# about one core (SERIAL_CORES), where apart they could use at least
-# SERIAL_SPARE times that, run one at a time. Two threads of pure Python read
-# 0.91-0.97 cores, of GIL-free hashing 1.9, of sleeps 0.35.
+# task enters Python, and reads anywhere from low to high for two threads of
+# pure Python, depending on how their turns fall): workers that are in their
+# tasks together (at least SERIAL_PARALLEL of them on average) yet use
+# together about one core (SERIAL_CORES), where apart they could use at
+# least SERIAL_SPARE times that, run one at a time. Two threads of pure
+# Python read just under a core, of GIL-free hashing nearly two, of sleeps a
+# third of one (benchmarks/RESULTS.md has the readings).
 SERIAL_PARALLEL = 1.3
 SERIAL_CORES = (0.75, 1.2)
 SERIAL_SPARE = 1.4
@@ -103,11 +104,12 @@ SERIAL_SPARE = 1.4
 # sliver of its time: from SERIAL_MANY threads at work on, the sign also
 # wants tasks to wait to enter Python, as threads queued for a GIL held all
 # the time do, the longer the more of them there are
-# (SERIAL_GIL_SHARE_PER_THREAD each, at most SERIAL_GIL_SHARE_CAP). Sixteen
-# threads of pure Python waited 64 % of their fetch time; 16-64 threads
-# sleeping 3 ms each, handing round a GIL that is mostly free, 2-13 %. (A
-# few threads are judged by their clocks alone: where cheap samples go to
-# them in runs, the wait is paid once a run and reads low.)
+# (SERIAL_GIL_SHARE_PER_THREAD each, at most SERIAL_GIL_SHARE_CAP): sixteen
+# threads of pure Python wait most of their fetch time, many sleeping
+# threads handing round a GIL that is mostly free a small share of it
+# (benchmarks/RESULTS.md). (A few threads are judged by their clocks alone:
+# where cheap samples go to them in runs, the wait is paid once a run and
+# reads low.)
 SERIAL_MANY = 8
 # Threads that use about one core together because the machine's other
 # cores are taken (another process, other ranks' workers) are not run one
@@ -123,8 +125,8 @@ SERIAL_GIL_SHARE_CAP = 0.3
 # A training process that keeps this share of the cores busy on threads
 # leaves processes no core to load faster on: while the training loop waits
 # for data (not LOOP_BOUND_WAITED), its GIL delay only delays a wait, and
-# the threads stay. (8 PIL threads on 2 cores kept the process at 0.81-0.9
-# of them, and read 1.04x torch's processes where a move gave 0.85-0.88x.)
+# the threads stay. (8 PIL threads on 2 cores kept the process above it,
+# and ran faster than processes there: benchmarks/RESULTS.md.)
 CORES_BUSY = 0.8
 # The same where other processes take the cores (a sampler, other ranks'
 # workers): the process's threads were runnable without a core, this many
@@ -138,10 +140,10 @@ CORE_CHECK_INTERVAL_S = 0.05
 # thousands a step, so a fraction of a millisecond each adds up (the trial
 # on processes tells whether it added up to more than they cost).
 LOOP_DELAY_BOUND_S = 0.0003
-# Half of it is not proof (measured here with a data-bound loop: 0.08-0.11
-# ms for sleeping and numpy datasets, 0.19-0.4 ms in some runs of a PIL
-# pipeline that loads faster on processes): a trial that keeps processes
-# only if the loop gains on them (TRIAL_GAIN) settles it.
+# Half of it is not proof (a data-bound loop beside sleeping and numpy
+# datasets reads under it, and some runs of a PIL pipeline that loads faster
+# on processes read between the two: benchmarks/RESULTS.md): a trial that
+# keeps processes only if the loop gains on them (TRIAL_GAIN) settles it.
 LOOP_DELAY_TRIAL_S = LOOP_DELAY_BOUND_S / 2
 # Evidence wanted before deciding: time since the workers started...
 MIN_WINDOW_S = 0.15
@@ -177,8 +179,8 @@ COMPUTE_SHARE = 0.3
 # Workers on a CPU for less than this share of their fetch time mostly wait
 # (I/O): a data-bound loop's GIL delay then comes from many threads handing
 # the GIL around, and processes, a fixed pool of num_workers, would not
-# replace a pool grown for I/O (on 2 cores a 2 ms sleep read 5,000-9,000
-# samples/s on threads, 870 on 2 processes). Not evidence for processes.
+# replace a pool grown for I/O (several times faster on threads:
+# benchmarks/RESULTS.md). Not evidence for processes.
 WAITING_SHARE = 0.1
 # Both signals low for this long (over every epoch the loader stayed
 # undecided through, see WorkerMethod._seen_before): threads stay, and
@@ -200,9 +202,9 @@ TRIAL_MIN_BATCHES = 8
 # CLEAR_THREADS_MIN_BATCHES, after a clear sign (the workers' GIL wait, or the
 # loop's GIL delay past the bound): every batch more on them is one the GIL
 # slows, and there the trial only guards against processes much slower
-# (fewer cores than workers). A GIL-bound dataset's first epoch read
-# 0.62-0.66x torch's processes with half a second on threads, 0.76-0.84x
-# with a tenth, 0.83-0.93x with none (benchmarks/RESULTS.md).
+# (fewer cores than workers): a GIL-bound dataset's first epoch reads the
+# further under torch's processes the longer the threads' side
+# (benchmarks/RESULTS.md).
 CLEAR_THREADS_MIN_S = 0.0
 CLEAR_THREADS_MIN_BATCHES = 2
 # ...and over one batch for a loop that sets the pace: its first step, which
@@ -241,10 +243,9 @@ LOOP_BOUND_WAITED = 0.1
 # (the adaptive pool's own line between starving and not): batches pile up
 # before a loop that sets the pace. One that never waits while the queue
 # stays short is slowed itself, by worker threads handing the GIL around
-# (32 threads sleeping 1 ms a sample, data alone: occupancy 0.17 at its
-# second batch, its rate on threads then a fifth of its steady state, and a
-# trial that chose processes that ran 0.8x threads); the loop's GIL delay
-# judges that.
+# (32 threads sleeping a millisecond a sample, data alone: a short queue at
+# its second batch, and a trial that chose processes slower than threads,
+# benchmarks/RESULTS.md); the loop's GIL delay judges that.
 LOOP_BOUND_OCCUPANCY = 0.5
 # ...and keeps processes only if the loop ran this much faster on them.
 TRIAL_GAIN = 0.03

@@ -13,10 +13,10 @@ use crate::engine::{thread_cpu_time, Collate};
 
 /// Below this much CPU time per batch, collating on the collate thread
 /// costs the loop more than it saves: the hand-over (the collate thread
-/// taking the GIL, the consumer taking it back) costs about 70 us of the
-/// consumer's time on a 2-core machine (benchmarks/overhead.py --shuffle,
-/// 64 integers a batch: 0.7x the samples/s), and a default_collate of such
-/// a batch takes 20-100 us there. An image batch takes milliseconds.
+/// taking the GIL, the consumer taking it back) costs the consumer about
+/// what a default_collate of a batch of integers takes
+/// (benchmarks/overhead.py --shuffle, benchmarks/RESULTS.md). An image
+/// batch takes milliseconds.
 const CHEAP_COLLATE: Duration = Duration::from_micros(150);
 /// Every this many cheap batches, one is still collated on the collate
 /// thread: the cost is measured afresh there, where it would run.

@@ -36,7 +36,7 @@
 //! slow needs no more workers than it keeps busy, but the queue drains
 //! only after many windows (its bound is the prefetch of the starting
 //! count), so a shrink judged on its occupancy alone ran on past what the
-//! loop needed (32 threads at 1 ms a sample, down to 11) and starved it.
+//! loop needed and starved it (benchmarks/RESULTS.md).
 //!
 //! A worker also costs the training loop: threads share its GIL. The
 //! consumer's step (its time between two requests for a batch) is measured
@@ -176,7 +176,7 @@ struct Probe {
     baseline_wait: Option<f64>,
     /// A first judging window that fell short: one noisy window does not
     /// take a step back, the mean of two does (the loop's steps at 64
-    /// threads: median 0.07 ms, 90th percentile 9 ms).
+    /// threads vary a hundredfold).
     first_look: Option<Window>,
     /// For a quadrupling, the doubling within it, judged against the same
     /// baseline if the quadrupling falls short of linear.
@@ -500,8 +500,8 @@ impl Controller {
                 // A loop that waited for data is slowed only if its whole
                 // iteration, step and wait, got longer: steps longer by
                 // less than its waits got shorter leave it iterating faster
-                // (data alone at 64 threads: steps 0.7 -> 2.8 ms, each
-                // batch 3.8 -> 2.1 ms).
+                // (data alone at 64 threads: steps several times longer,
+                // each batch sooner).
                 let iteration_shorter = match (probe.baseline_wait, window.wait) {
                     (Some(waited), Some(waits)) => after + waits + allowed <= before + waited,
                     _ => false,

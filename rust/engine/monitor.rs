@@ -189,8 +189,8 @@ impl Adapter {
             // theirs: meanwhile fewer tasks are issued, and a window judged
             // then took a good step back), or, when tasks are scarce, after
             // one task's time; never while added workers are still starting
-            // (32 threads took 20-40 ms to start beside 32 busy ones on 2
-            // cores).
+            // (threads started beside as many busy ones take many
+            // milliseconds to start on 2 cores).
             let at_target = pool.busy_on_fast_tasks() == pool.target();
             let one_task = MIN_WINDOW.max(self.task_time).min(MAX_WINDOW);
             let starting = pool.starting_workers() > 0 && elapsed < MAX_WINDOW;

@@ -10,9 +10,8 @@
 //!
 //! A worker that hands its tasks to a worker process computes there, while
 //! its thread waits on a socket: its [`WorkerSite`] then reads the process's
-//! state (on 16 cores, read from the waiting thread, every PIL sample past
-//! four timeouts got a process started beside it: 21 processes, 0.3x the
-//! rate of 16).
+//! state (read from the waiting thread, on 16 cores every PIL sample looked
+//! late and got a process started beside it: benchmarks/RESULTS.md).
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicI32, Ordering};
