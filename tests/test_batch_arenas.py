@@ -107,22 +107,27 @@ def test_batches_handed_out_in_place_keep_their_values_across_epochs(
     assert images.is_contiguous() and images.shape == (8, *IMAGE)
 
 
-def test_the_same_batches_as_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
-    counts = _count_in_place(monkeypatch)
+def _epochs_beside_torchs(dataset: tud.Dataset, seed: int) -> tuple[list, list]:
+    """One shuffled epoch of `dataset` on minato's worker processes, and
+    torch's, in the same order."""
 
     def epoch(cls, **options):
         loader = cls(
-            Samples(96),
+            dataset,
             batch_size=8,
             shuffle=True,
             num_workers=2,
-            generator=torch.Generator().manual_seed(11),
+            generator=torch.Generator().manual_seed(seed),
             **options,
         )
         return list(loader)
 
-    theirs = epoch(tud.DataLoader)
-    ours = epoch(minato.DataLoader, worker_method="multiprocessing")
+    return epoch(minato.DataLoader, worker_method="multiprocessing"), epoch(tud.DataLoader)
+
+
+def test_the_same_batches_as_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    counts = _count_in_place(monkeypatch)
+    ours, theirs = _epochs_beside_torchs(Samples(96), 11)
     assert counts["in place"] > 0
     assert len(ours) == len(theirs)
     for mine, torchs in zip(ours, theirs, strict=True):
@@ -222,19 +227,7 @@ class Structured(tud.Dataset):
 
 @pytest.mark.parametrize("structure", ["containers", "namedtuple", "shared", "view"])
 def test_samples_of_every_structure_arrive_as_torchs(structure: str) -> None:
-    def epoch(cls, **options):
-        loader = cls(
-            Structured(structure),
-            batch_size=8,
-            shuffle=True,
-            num_workers=2,
-            generator=torch.Generator().manual_seed(5),
-            **options,
-        )
-        return list(loader)
-
-    theirs = epoch(tud.DataLoader)
-    ours = epoch(minato.DataLoader, worker_method="multiprocessing")
+    ours, theirs = _epochs_beside_torchs(Structured(structure), 5)
     leaves_theirs = torch.utils._pytree.tree_leaves(theirs)
     leaves_ours = torch.utils._pytree.tree_leaves(ours)
     assert len(leaves_ours) == len(leaves_theirs)
