@@ -157,6 +157,39 @@ class _NotWritten(Exception):
 _SCALARS = (int, float, bool, str, bytes, type(None))
 
 
+def _tensor_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor's data as contiguous bytes (copied where it is not)."""
+    return tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def _array_bytes(array: np.ndarray) -> np.ndarray:
+    """An array's data as contiguous bytes (copied where it is not)."""
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+def _large_numeric(array: np.ndarray) -> bool:
+    """Whether an array's data goes in shared memory, not in the pickle."""
+    return array.nbytes >= SHARE_MIN_BYTES and array.dtype.kind in "biufc"
+
+
+def _arena_reduction(
+    writer: ArenaWriter,
+    place: tuple[int, int, int],
+    leaf: int,
+    data: np.ndarray,
+    dtype: Any,
+    shape: tuple,
+    is_array: bool,
+) -> tuple[Any, ...] | None:
+    """`data` (contiguous bytes) written as leaf `leaf` of `place` in its
+    batch's arena, as the reduction that makes the leaf there; None where
+    the place cannot take it (lost to another sample, another layout)."""
+    arena, generation, at = place
+    if not writer.place(arena, generation, at, leaf, data):
+        return None
+    return _rebuild_arena_leaf, (arena, generation, at, leaf, data.nbytes, dtype, shape, is_array)
+
+
 def written_into_arena(sample: Any, place: tuple[int, int, int], writer: ArenaWriter) -> Any:
     """`sample` with each large plain tensor and numeric array written at
     `place` in its batch's arena, and an `ArenaLeaf` in its stead: the leaves
@@ -166,16 +199,14 @@ def written_into_arena(sample: Any, place: tuple[int, int, int], writer: ArenaWr
     shared memory, a leaf its place cannot take) is returned as it is: the
     pickler writes it, as before. Builds new containers: the dataset's own
     are never changed."""
-    arena, generation, at = place
     # By the id of each leaf written: `sample` keeps them alive meanwhile.
     written: dict[int, ArenaLeaf] = {}
 
     def leaf(data: np.ndarray, dtype: Any, shape: tuple, is_array: bool) -> ArenaLeaf:
-        number = len(written)
-        if not writer.place(arena, generation, at, number, data):
+        reduction = _arena_reduction(writer, place, len(written), data, dtype, shape, is_array)
+        if reduction is None:
             raise _NotWritten
-        args = (arena, generation, at, number, data.nbytes, dtype, shape, is_array)
-        return ArenaLeaf(data.nbytes, (_rebuild_arena_leaf, args))
+        return ArenaLeaf(data.nbytes, reduction)
 
     def walk(obj: Any) -> Any:
         kind = type(obj)
@@ -197,18 +228,16 @@ def written_into_arena(sample: Any, place: tuple[int, int, int], writer: ArenaWr
         elif kind is np.ndarray:
             if obj.dtype.hasobject:
                 raise _NotWritten
-            if obj.nbytes < SHARE_MIN_BYTES or obj.dtype.kind not in "biufc":
+            if not _large_numeric(obj):
                 return obj
         else:
             raise _NotWritten
         found = written.get(id(obj))
         if found is None:
             if kind is torch.Tensor:
-                data = obj.contiguous().reshape(-1).view(torch.uint8).numpy()
-                found = leaf(data, obj.dtype, tuple(obj.shape), False)
+                found = leaf(_tensor_bytes(obj), obj.dtype, tuple(obj.shape), False)
             else:
-                raw = np.ascontiguousarray(obj).reshape(-1).view(np.uint8)
-                found = leaf(raw, obj.dtype, obj.shape, True)
+                found = leaf(_array_bytes(obj), obj.dtype, obj.shape, True)
             written[id(obj)] = found
         return found
 
@@ -366,13 +395,20 @@ class _SharingPickler(cloudpickle.Pickler):
             self.first_sizes = []
         return _unplaced, (placed.item,)
 
-    def _arena_leaf(self, leaf: ArenaLeaf) -> Any:
-        """A leaf written as its sample was loaded: counted as `_in_arena`
-        counts the leaves it writes."""
+    def _next_leaf(self, nbytes: int) -> int:
+        """The number of the sample's next large leaf (its size recorded for
+        the loader's layout where this is the message's first sample)."""
+        leaf = self.leaf
         self.leaf += 1
         if self.recording:
             assert self.first_sizes is not None
-            self.first_sizes.append(leaf.nbytes)
+            self.first_sizes.append(nbytes)
+        return leaf
+
+    def _arena_leaf(self, leaf: ArenaLeaf) -> Any:
+        """A leaf written as its sample was loaded: counted as `_in_arena`
+        counts the leaves it writes."""
+        self._next_leaf(leaf.nbytes)
         return leaf.reduction
 
     def _in_arena(self, data: np.ndarray, dtype: Any, shape: tuple, is_array: bool) -> Any:
@@ -381,26 +417,10 @@ class _SharingPickler(cloudpickle.Pickler):
         has no place there (or lost it to another sample)."""
         if self.writer is None:
             return None
-        leaf = self.leaf
-        self.leaf += 1
-        if self.recording:
-            assert self.first_sizes is not None
-            self.first_sizes.append(data.nbytes)
+        leaf = self._next_leaf(data.nbytes)
         if self.place is None:
             return None
-        arena, generation, place = self.place
-        if not self.writer.place(arena, generation, place, leaf, data):
-            return None
-        return _rebuild_arena_leaf, (
-            arena,
-            generation,
-            place,
-            leaf,
-            data.nbytes,
-            dtype,
-            shape,
-            is_array,
-        )
+        return _arena_reduction(self.writer, self.place, leaf, data, dtype, shape, is_array)
 
     def _in_ring(self, data: np.ndarray) -> tuple[_Segment | None, int] | None:
         """`data` (contiguous bytes) written into a free slot of the ring, as
@@ -496,11 +516,7 @@ class _SharingPickler(cloudpickle.Pickler):
             if reduced is not None:
                 return reduced
         if self.share and len(self.fds) < MAX_FDS:
-            if (
-                type(obj) is np.ndarray
-                and obj.nbytes >= SHARE_MIN_BYTES
-                and obj.dtype.kind in "biufc"
-            ):
+            if type(obj) is np.ndarray and _large_numeric(obj):
                 return self._array(obj)
         return super().reducer_override(obj)
 
@@ -527,7 +543,7 @@ class _SharingPickler(cloudpickle.Pickler):
                 slot = self._slot(storage.data_ptr(), fd, storage)
                 args = (slot, size, tensor.dtype, tensor.storage_offset(), tuple(tensor.shape))
                 return _rebuild_tensor, (*args, tuple(tensor.stride()), True)
-        data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
+        data = _tensor_bytes(tensor)
         shape = tuple(tensor.shape)
         in_arena = self._in_arena(data, tensor.dtype, shape, False)
         if in_arena is not None:
@@ -543,7 +559,7 @@ class _SharingPickler(cloudpickle.Pickler):
         return _rebuild_tensor, (slot, buffer.size, tensor.dtype, 0, shape, tuple(copy.stride()))
 
     def _array(self, data: np.ndarray) -> Any:
-        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        raw = _array_bytes(data)
         in_arena = self._in_arena(raw, data.dtype, data.shape, True)
         if in_arena is not None:
             return in_arena
