@@ -476,6 +476,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         kind, in_order = self._iterator_kind()
         if kind is _CallingThreadDataLoaderIter:
             return _CallingThreadDataLoaderIter(self)
+        if self.prefetch_factor is not None and self.prefetch_factor <= 0:
+            # torch's constructor lets 0 through; its worker iterator refuses it.
+            raise AssertionError(
+                "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
+            )
         return kind(self, in_order=in_order)
 
     def _reorders_samples(self) -> bool:

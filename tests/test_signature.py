@@ -176,6 +176,17 @@ def test_invalid_arguments_raise_torchs_exception_and_message(dataset, kwargs) -
     assert str(ours.value) == str(theirs.value)
 
 
+@pytest.mark.timeout(60)
+def test_a_prefetch_factor_of_zero_is_refused_as_an_epoch_starts_like_torch() -> None:
+    outcomes = []
+    for loader_class in (tud.DataLoader, minato.DataLoader):
+        loader = loader_class(RangeDataset(), num_workers=2, prefetch_factor=0)
+        with pytest.raises(Exception) as raised:
+            iter(loader)
+        outcomes.append((type(raised.value), str(raised.value)))
+    assert outcomes[1] == outcomes[0]
+
+
 @pytest.mark.parametrize(
     "attr", ["batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"]
 )
