@@ -2642,18 +2642,174 @@ def test_a_dataset_holding_multiprocessing_primitives_on_worker_processes(
     assert results[minato.DataLoader] == results[tud.DataLoader]
 
 
-def test_a_fork_context_lock_names_itself_and_the_remedy() -> None:
-    """A lock made in the 'fork' context reaches only processes forked from
-    this one (torch's, with fork), never minato's: the error says what to do."""
+def test_forced_worker_processes_inherit_fork_context_primitives_as_torchs_do() -> None:
+    """A lock or Value made in the 'fork' context reaches only processes
+    forked from this one: torch's (fork), and forced worker processes, which
+    then come from a fork server forked as the epoch starts."""
+    results = {}
+    for loader_type, options in (
+        (tud.DataLoader, {"multiprocessing_context": "fork"}),
+        (minato.DataLoader, {"worker_method": "multiprocessing"}),
+    ):
+        dataset = SignalsTheLoop(multiprocessing.get_context("fork"))
+        delivered = indices(loader_type(dataset, batch_size=2, num_workers=2, **options))
+        results[loader_type] = (delivered, dataset.loaded.is_set(), dataset.count.value)
+    assert results[tud.DataLoader] == (list(range(8)), True, 8)
+    assert results[minato.DataLoader] == results[tud.DataLoader]
+    # "auto" stays on threads for it, where it works.
+    dataset = SignalsTheLoop(multiprocessing.get_context("fork"))
+    auto = minato.DataLoader(dataset, batch_size=2, num_workers=2)
+    assert indices(auto) == list(range(8)) and dataset.count.value == 8
+
+
+def test_a_fork_context_lock_names_itself_and_the_remedy_where_the_server_is_execd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fresh interpreter forked from no one cannot inherit it: the error
+    says what to do."""
+    monkeypatch.setenv("MINATO_FORK_SERVER", "exec")
     dataset = SignalsTheLoop(multiprocessing.get_context("fork"))
     loader = minato.DataLoader(
         dataset, batch_size=2, num_workers=2, worker_method="multiprocessing"
     )
     with pytest.raises(RuntimeError, match=r"'fork' context.*get_context\(\"forkserver\"\)"):
         list(loader)
-    # "auto" stays on threads for it, where it works.
-    auto = minato.DataLoader(dataset, batch_size=2, num_workers=2)
-    assert indices(auto) == list(range(8)) and dataset.count.value == 8
+
+
+class HoldsWhatNoPickleCarries(Dataset):
+    """What torch's forked workers inherit and no pickle carries: an open
+    file (read by position), a lock, a generator. `scale` is changed by the
+    training loop between epochs."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = open(path, "rb")  # noqa: SIM115  # held, as such datasets do
+        self.lock = threading.Lock()
+        self.pending = iter(range(3))
+        self.scale = 1
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> dict[str, int]:
+        with self.lock:
+            byte = os.pread(self.file.fileno(), 1, index)[0]
+        return {"index": index, "value": byte * self.scale, "pid": os.getpid()}
+
+
+def _children_of_this_process() -> set[int]:
+    return {pid for pid, entry in live_processes().items() if _parent(entry) == os.getpid()}
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_forced_worker_processes_inherit_a_dataset_no_pickle_carries_as_torchs_do(
+    tmp_path: Path, persistent: bool
+) -> None:
+    """As torch's workers, forked as each epoch starts (once, persistent),
+    they see the dataset as it was then: a change between epochs reaches a
+    new epoch's workers, not persistent ones. None is left behind."""
+    path = tmp_path / "bytes"
+    path.write_bytes(bytes(range(100, 116)))
+    before = _children_of_this_process()
+    results = {}
+    for loader_type, options in (
+        (tud.DataLoader, {}),
+        (minato.DataLoader, {"worker_method": "multiprocessing"}),
+    ):
+        dataset = HoldsWhatNoPickleCarries(path)
+        loader = loader_type(
+            dataset,
+            batch_size=4,
+            shuffle=True,
+            num_workers=2,
+            persistent_workers=persistent,
+            **options,
+        )
+        epochs, pids = [], set()
+        for scale in (1, 3):
+            dataset.scale = scale
+            batches = list(loader)
+            epochs.append(
+                sorted(
+                    (int(i), int(v))
+                    for b in batches
+                    for i, v in zip(b["index"], b["value"], strict=True)
+                )
+            )
+            pids |= {int(pid) for b in batches for pid in b["pid"]}
+        assert os.getpid() not in pids
+        results[loader_type] = epochs
+        del loader, batches
+        assert wait_until(lambda pids=pids: not pids & set(live_processes())), pids
+    assert results[tud.DataLoader][0] == [(i, 100 + i) for i in range(16)]
+    assert results[minato.DataLoader] == results[tud.DataLoader]
+    # The loader's own fork server went with its workers.
+    assert wait_until(lambda: _children_of_this_process() <= before | _fork_servers())
+
+
+def _fork_servers() -> set[int]:
+    zygote = _process._the_zygote
+    return set() if zygote is None else {zygote.process.pid}
+
+
+class StreamsItsOpenFile(IterableDataset):
+    """An iterable dataset holding an open file: each worker reads its share."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = open(path, "rb")  # noqa: SIM115
+
+    def __iter__(self):
+        info = get_worker_info()
+        for index in range(info.id, 12, info.num_workers):
+            yield os.pread(self.file.fileno(), 1, index)[0]
+
+
+def test_forced_worker_processes_stream_an_iterable_dataset_no_pickle_carries(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "bytes"
+    path.write_bytes(bytes(range(12)))
+    delivered = {}
+    for loader_type, options in (
+        (tud.DataLoader, {}),
+        (minato.DataLoader, {"worker_method": "multiprocessing"}),
+    ):
+        loader = loader_type(StreamsItsOpenFile(path), batch_size=2, num_workers=2, **options)
+        delivered[loader_type] = [batch.tolist() for batch in loader]
+    assert sorted(sum(delivered[tud.DataLoader], [])) == list(range(12))
+    assert delivered[minato.DataLoader] == delivered[tud.DataLoader]
+
+
+def test_a_loaders_own_fork_server_keeps_only_the_users_descriptors(tmp_path: Path) -> None:
+    """It keeps the dataset's open files, not minato's sockets and shared
+    memory: another loader's workers still leave when that loader goes."""
+    path = tmp_path / "bytes"
+    path.write_bytes(bytes(range(100, 116)))
+    other = minato.DataLoader(
+        Described(),
+        batch_size=4,
+        num_workers=2,
+        worker_method="multiprocessing",
+        persistent_workers=True,
+    )
+    other_pids = {int(pid) for batch in other for pid in batch["pid"]}
+    held = minato.DataLoader(
+        HoldsWhatNoPickleCarries(path),
+        batch_size=4,
+        num_workers=2,
+        worker_method="multiprocessing",
+        persistent_workers=True,
+    )
+    assert len(list(held)) == 4
+    server = held._iterator._processes.own_zygote.process.pid
+    links = []
+    for entry in Path(f"/proc/{server}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            links.append(os.readlink(entry))
+    assert str(path) in links, links
+    assert not [link for link in links if link.startswith("/memfd:minato-")], links
+    del other
+    assert wait_until(lambda: not other_pids & set(live_processes())), other_pids
+    assert len(list(held)) == 4  # its own workers go on
 
 
 def test_a_later_loader_over_the_same_dataset_type_starts_from_the_decision() -> None:

@@ -713,8 +713,9 @@ def _fork_context_message(error: RuntimeError) -> str | None:
         "minato: the dataset (or collate_fn, worker_init_fn) holds a multiprocessing lock "
         "or semaphore (an Event, Lock, RLock, Semaphore, Condition or Barrier, or a Value "
         "or Array with its lock) made in the 'fork' context, multiprocessing's default on "
-        "Linux before Python 3.14. Only a process forked from this one can use it, and "
-        "minato's worker processes start from its fork server. Make it with "
+        "Linux before Python 3.14. Only a process forked from this one can use it: "
+        'minato\'s worker processes inherit it where worker_method="multiprocessing" '
+        "is asked for and the fork server is forked (not MINATO_FORK_SERVER=exec). Make it with "
         'multiprocessing.get_context("forkserver") (or "spawn"), e.g. '
         'multiprocessing.get_context("forkserver").Event(), or use worker_method="thread".'
     )

@@ -27,7 +27,10 @@ minato itself, about a second, and shares nothing). Either way a worker
 process then starts in milliseconds, and never runs ``__main__`` again.
 The dataset and the rest of the worker's spec are pickled once per engine
 and the same bytes sent to every worker process it starts (its tensors in
-shared memory, shared by all of them).
+shared memory, shared by all of them). A spec no pickle carries (an open
+file, a lock) goes to forced worker processes as torch's forked workers
+get it: the engine forks a fork server of its own holding it, as it starts
+(``ProcessWorkers.inherit_spec``).
 
 Hard limit: a process, unlike a thread, can be stopped. A task that runs
 past ``sample_hard_timeout`` seconds per sample has its process killed and
@@ -124,8 +127,10 @@ class _ForkedServer:
             os.kill(self.pid, signal.SIGKILL)
 
 
-def _fork_server(theirs: socket.socket) -> _ForkedServer:
-    """Forks this process into the fork server, serving `theirs`."""
+def _fork_server(theirs: socket.socket, inheriting: Any = None) -> _ForkedServer:
+    """Forks this process into the fork server, serving `theirs`; or, given
+    the spec `inheriting` (one that cannot be pickled), into a loader's own
+    fork server holding it (see minato._process.zygote.inherited_spec)."""
     keep = theirs.fileno()
     # What the server runs in its workers, imported here first: its objects
     # are then shared with the server, not made there on pages the server
@@ -142,9 +147,20 @@ def _fork_server(theirs: socket.socket) -> _ForkedServer:
         # Python warns of forking a process with threads; the child runs
         # only the fork server's loop and what its workers are sent.
         warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+        # minato's own sockets, which a server keeping the user's
+        # descriptors must not keep open: their peers would not see them
+        # closed. (Read with every minato thread out of the user's code.)
+        ours = _own_sockets() if inheriting is not None else []
+        _zygote.inherited_spec = inheriting
+        try:
+            pid = os.fork()
+        except BaseException:
+            _zygote.inherited_spec = None
+            raise
     if pid:
-        inherit.server_forked()
+        _zygote.inherited_spec = None
+        if inheriting is None:
+            inherit.server_forked()
         return _ForkedServer(pid, anonymous)
     try:
         # The parent's Python signal handlers (a trainer's SIGTERM checkpoint,
@@ -162,16 +178,51 @@ def _fork_server(theirs: socket.socket) -> _ForkedServer:
         # unmapped here, they are neither held by it once the training
         # process trims its own nor inherited by the workers it forks.
         give_back_freed_memory()
-        # Only its socket: a copy of another one would keep its peer from
-        # seeing it closed (a worker process of this loader, say).
-        os.closerange(3, keep)
-        os.closerange(keep + 1, _max_fd())
+        if inheriting is None:
+            # Only its socket: a copy of another one would keep its peer from
+            # seeing it closed (a worker process of this loader, say).
+            os.closerange(3, keep)
+            os.closerange(keep + 1, _max_fd())
+        else:
+            # The spec's files stay open, as in torch's forked workers;
+            # minato's own sockets and shared memory go.
+            _close_own_descriptors(ours)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
         _zygote.serve(keep)
     finally:
         os._exit(0)
+
+
+def _own_sockets() -> set[int]:
+    """The descriptors of minato's sockets in this process: its fork
+    servers' and its worker processes'."""
+    fds = set()
+    with contextlib.suppress(RuntimeError):  # a set changed while read
+        for workers in list(_live):
+            fds.update(process.wire.fileno() for process in list(workers._processes))
+            if workers.own_zygote is not None:
+                fds.add(workers.own_zygote.sock.fileno())
+    zygote = _the_zygote
+    if zygote is not None:
+        fds.add(zygote.sock.fileno())
+    return fds
+
+
+def _close_own_descriptors(sockets: set[int]) -> None:
+    """Closes minato's descriptors: the `sockets` (still sockets: a number
+    given back meanwhile may be a file of the user's now) and its shared
+    memory (batch arenas and slot rings, named so in /proc)."""
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc/self/fd"):
+            fd = int(entry)
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/self/fd/{entry}")
+                if link.startswith("/memfd:minato-") or (
+                    fd in sockets and link.startswith("socket:")
+                ):
+                    os.close(fd)
 
 
 def _max_fd() -> int:
@@ -202,13 +253,16 @@ def _exec_server(theirs: socket.socket) -> subprocess.Popen:
 
 
 class _Zygote:
-    """The fork server worker processes come from (see minato._process.zygote)."""
+    """The fork server worker processes come from (see minato._process.zygote);
+    given a spec, a loader's own, forked holding it."""
 
-    def __init__(self) -> None:
+    def __init__(self, inheriting: Any = None) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.process: _ForkedServer | subprocess.Popen
         try:
-            if exec_server_wanted():
+            if inheriting is not None:
+                self.process = _fork_server(theirs, inheriting)
+            elif exec_server_wanted():
                 self.process = _exec_server(theirs)
             else:
                 self.process = _fork_server(theirs)
@@ -381,7 +435,7 @@ class WorkerProcess:
 
     @staticmethod
     def _fork(workers: ProcessWorkers, theirs: socket.socket) -> int:
-        zygote = _zygote_now()
+        zygote = workers.zygote()
         zygote.preload(workers.modules())
         return zygote.fork(theirs)
 
@@ -485,6 +539,9 @@ class ProcessWorkers:
         self._prepared: list[str] | None = None
         self._prepare_done = threading.Event()
         self.unpicklable: str | None = None
+        # The engine's own fork server, holding a spec that cannot be pickled
+        # (see `inherit_spec`).
+        self.own_zygote: _Zygote | None = None
         self._processes: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
         self.closed = False
         _live.add(self)
@@ -505,9 +562,10 @@ class ProcessWorkers:
                     payload = _ipc.dumps(self.child_spec, inherit=True)
                 except Exception as error:
                     error.add_note(
-                        "(minato: worker processes get the dataset, collate_fn and "
-                        "worker_init_fn pickled; this one cannot be: use "
-                        'worker_method="thread")'
+                        "(minato: worker processes started from a fresh interpreter "
+                        "(MINATO_FORK_SERVER=exec) get the dataset, collate_fn and "
+                        "worker_init_fn pickled; this one cannot be: leave the fork "
+                        'server forked, or use worker_method="thread")'
                     )
                     raise
                 # Read before a large pickle goes to shared memory.
@@ -517,6 +575,34 @@ class ProcessWorkers:
                 # pyarrow's), on this thread, which freed it.
                 give_back_arrow_memory()
             return self._payload
+
+    def inherit_spec(self) -> None:
+        """Where the spec cannot be pickled and the fork server is forked
+        (not a fresh interpreter): forks a fork server of this engine's own
+        now, from the calling thread, holding the spec as it is, which its
+        worker processes take from there, as torch's worker processes,
+        forked as each epoch starts, inherit the dataset (its open files,
+        locks and multiprocessing objects included). For forced worker
+        processes, as their engine starts on the training thread; auto
+        keeps threads for such a spec."""
+        if exec_server_wanted() or self.check_picklable() is None:
+            return
+        with _zygote_lock:
+            self.own_zygote = _Zygote(inheriting=self.child_spec)
+        with self._lock:
+            self._payload = _ipc.dumps(_zygote.InheritedSpec())
+            self._modules = []  # the server has imported what the spec needs
+
+    def zygote(self) -> _Zygote:
+        """The fork server this engine's worker processes come from: its own
+        (forked again, from now, where it died), or this process's."""
+        own = self.own_zygote
+        if own is None:
+            return _zygote_now()
+        if own.process.poll() is not None:
+            with _zygote_lock:
+                own = self.own_zygote = _Zygote(inheriting=self.child_spec)
+        return own
 
     def modules(self) -> list[str]:
         """The modules the spec's pickle imports from (see _ipc.modules_named)."""
@@ -587,8 +673,12 @@ class ProcessWorkers:
             self.closed = True
             processes = list(self._processes)
             self._payload = None
+            own, self.own_zygote = self.own_zygote, None
         for process in processes:
             process.stop(kill=True)
+        if own is not None:
+            # It leaves once the workers it forked have.
+            _stop_server(own, aside=True)
 
     def runner(
         self, worker_id: int, samples: bool, thread_run: Callable[[int, Any], Any] | None
@@ -750,7 +840,13 @@ def _stop_fork_server(kill: bool = False, aside: bool = False) -> None:
         zygote, _the_zygote = _the_zygote, None
     with _zygote_start_lock:
         _warming_in = None  # a later warm-up imports the modules again
-    if zygote is None or zygote.pid != os.getpid():
+    if zygote is not None:
+        _stop_server(zygote, kill, aside)
+
+
+def _stop_server(zygote: _Zygote, kill: bool = False, aside: bool = False) -> None:
+    """Stops `zygote` (see `_stop_fork_server`), if this process started it."""
+    if zygote.pid != os.getpid():
         return
     # Shut down first: a warm-up thread waiting on the socket wakes.
     with contextlib.suppress(OSError):

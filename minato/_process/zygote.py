@@ -16,6 +16,9 @@ child runs ``minato._process.child.main`` on it, and the zygote answers
 the child's pid. The zygote leaves when the loader's end closes, once its
 workers still exiting are gone (so that none is orphaned to init).
 
+An engine whose workers' spec cannot be pickled forks a zygote of its own
+holding it (``inherited_spec``), and its workers take the spec from there.
+
 A loader also sends the modules its dataset's pickle names (torchvision's
 transforms, the user's own package...), once: the zygote imports them, so
 that its workers start with them imported instead of each importing them
@@ -32,7 +35,27 @@ import signal
 import socket
 import struct
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
+
+# A worker spec that could not be pickled (its dataset holds an open file,
+# a lock, a generator, a multiprocessing object made in the 'fork' context):
+# a fork server of the loader's own was forked holding it, as torch's workers
+# forked at ``iter()`` hold the dataset, and its workers take it from here.
+inherited_spec: Any = None
+
+
+def _inherited() -> Any:
+    if inherited_spec is None:
+        raise RuntimeError("minato: this worker process holds no inherited spec")
+    return inherited_spec
+
+
+class InheritedSpec:
+    """Pickles as a reference to the spec the receiving process inherited."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _inherited, ()
+
 
 # The zygote's answer to a request: the worker's pid.
 PID = struct.Struct("<q")
