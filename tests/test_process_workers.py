@@ -2746,6 +2746,29 @@ def test_forced_worker_processes_inherit_a_dataset_no_pickle_carries_as_torchs_d
     assert wait_until(lambda: _children_of_this_process() <= before | _fork_servers())
 
 
+def test_a_dataset_no_pickle_carries_is_not_pickled_again_each_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pickled in vain, its large arrays would be copied into shared memory
+    first, every epoch: it is tried once."""
+    tried = []
+    check = _process.ProcessWorkers.check_picklable
+
+    def counted(self):
+        tried.append(self)
+        return check(self)
+
+    monkeypatch.setattr(_process.ProcessWorkers, "check_picklable", counted)
+    path = tmp_path / "bytes"
+    path.write_bytes(bytes(range(100, 116)))
+    loader = minato.DataLoader(
+        HoldsWhatNoPickleCarries(path), batch_size=4, num_workers=2, worker_method="multiprocessing"
+    )
+    for _ in range(3):
+        assert sorted(int(i) for batch in loader for i in batch["index"]) == list(range(16))
+    assert len(tried) == 1
+
+
 def _fork_servers() -> set[int]:
     zygote = _process._the_zygote
     return set() if zygote is None else {zygote.process.pid}

@@ -467,7 +467,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         if method.requested == "multiprocessing":
             # A dataset that cannot be pickled (an open file, a lock) goes to
             # its worker processes as torch's go: inherited as it is now.
-            workers.inherit_spec()
+            workers.inherit_spec(loader.dataset)
         if method.decided_before and not method.processes:
             # An earlier loader's decision: the workers start on processes,
             # as forced ones do. Threads loading beside the starts slowed

@@ -576,7 +576,7 @@ class ProcessWorkers:
                 give_back_arrow_memory()
             return self._payload
 
-    def inherit_spec(self) -> None:
+    def inherit_spec(self, dataset: Any) -> None:
         """Where the spec cannot be pickled and the fork server is forked
         (not a fresh interpreter): forks a fork server of this engine's own
         now, from the calling thread, holding the spec as it is, which its
@@ -584,9 +584,20 @@ class ProcessWorkers:
         forked as each epoch starts, inherit the dataset (its open files,
         locks and multiprocessing objects included). For forced worker
         processes, as their engine starts on the training thread; auto
-        keeps threads for such a spec."""
-        if exec_server_wanted() or self.check_picklable() is None:
+        keeps threads for such a spec. `dataset` is the loader's (the spec
+        holds this engine's copy of it)."""
+        if exec_server_wanted():
             return
+        known = _unpicklable.get(id(dataset))
+        if known is None or known() is not dataset:
+            # Pickled in vain, a dataset's large arrays are copied into
+            # shared memory first (none inherited once this process has
+            # forked since its fork server): tried once per dataset.
+            if self.check_picklable() is None:
+                return
+            key = id(dataset)
+            with contextlib.suppress(TypeError):  # no weak reference to it
+                _unpicklable[key] = weakref.ref(dataset, lambda _: _unpicklable.pop(key, None))
         with _zygote_lock:
             self.own_zygote = _Zygote(inheriting=self.child_spec)
         with self._lock:
@@ -723,6 +734,8 @@ class ProcessWorkers:
 
 
 _live: weakref.WeakSet[ProcessWorkers] = weakref.WeakSet()
+# Datasets found to be beyond pickling, by id (see `inherit_spec`).
+_unpicklable: dict[int, weakref.ref[Any]] = {}
 
 
 def stop_all() -> None:
