@@ -2769,6 +2769,39 @@ def test_a_dataset_no_pickle_carries_is_not_pickled_again_each_epoch(
     assert len(tried) == 1
 
 
+class Counts(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class SumsALoadersBatches(Dataset):
+    """Each sample loads another dataset through a loader of its own, on
+    worker processes."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> int:
+        inner = minato.DataLoader(
+            Counts(), batch_size=2, num_workers=1, worker_method="multiprocessing"
+        )
+        return index + sum(int(batch.sum()) for batch in inner)
+
+
+@pytest.mark.timeout(60)
+def test_a_loader_on_worker_processes_inside_a_worker_process() -> None:
+    """torch's daemonic workers may start no process (an AssertionError);
+    minato's may. Its locks held as the fork server was forked are found
+    released there (minato._util.fork), not waited on for ever."""
+    loader = minato.DataLoader(
+        SumsALoadersBatches(), batch_size=1, num_workers=1, worker_method="multiprocessing"
+    )
+    assert [int(batch) for batch in loader] == [6, 7]
+
+
 def _fork_servers() -> set[int]:
     zygote = _process._the_zygote
     return set() if zygote is None else {zygote.process.pid}

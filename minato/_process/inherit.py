@@ -60,7 +60,6 @@ import itertools
 import mmap
 import os
 import sys
-import threading
 import weakref
 from collections import deque
 from typing import Any
@@ -69,6 +68,7 @@ import numpy as np
 import torch
 
 from minato._minato import _same_items, _scalar_items_bytes
+from minato._util.fork import ForkSafeLock
 
 # Arrays smaller than this are pickled as before.
 MIN_BYTES = 1 << 20
@@ -88,7 +88,7 @@ _SWAPPED = np.uint64(1 << 62)
 _FILE_OR_SHARED = np.uint64(1 << 61)
 _EXCLUSIVE = np.uint64(1 << 56)
 
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 # id(object) -> (a weak reference to it, forks counted when it was registered).
 _registry: dict[int, tuple[weakref.ref[Any], int]] = {}
 # id(list) -> (the list, a snapshot of its items, forks counted when

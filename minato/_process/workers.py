@@ -86,6 +86,7 @@ from minato._process.method import WorkerMethod
 from minato._task.error import WorkerError
 from minato._task.failures import SampleFailure, Skipped
 from minato._task.runner import EXHAUSTED, WorkerSpec
+from minato._util.fork import ForkSafeLock
 from minato._util.memory import give_back_arrow_memory, give_back_freed_memory
 from minato._util.user_code import FORK_QUIET_BOUND_S, out_of_user_code
 
@@ -198,15 +199,15 @@ def _fork_server(theirs: socket.socket, inheriting: Any = None) -> _ForkedServer
 def _own_sockets() -> set[int]:
     """The descriptors of minato's sockets in this process: its fork
     servers' and its worker processes'."""
+    here = os.getpid()
     fds = set()
+    zygotes = [_the_zygote]
     with contextlib.suppress(RuntimeError):  # a set changed while read
         for workers in list(_live):
-            fds.update(process.wire.fileno() for process in list(workers._processes))
-            if workers.own_zygote is not None:
-                fds.add(workers.own_zygote.sock.fileno())
-    zygote = _the_zygote
-    if zygote is not None:
-        fds.add(zygote.sock.fileno())
+            processes = list(workers._processes)
+            fds.update(process.wire.fileno() for process in processes if process.owner == here)
+            zygotes.append(workers.own_zygote)
+    fds.update(zygote.sock.fileno() for zygote in zygotes if zygote and zygote.pid == here)
     return fds
 
 
@@ -311,7 +312,7 @@ class _Zygote:
         return int(_zygote.PID.unpack(answer)[0])
 
 
-_zygote_lock = threading.Lock()
+_zygote_lock = ForkSafeLock()
 _the_zygote: _Zygote | None = None
 
 
@@ -376,7 +377,7 @@ def warm_up(modules: list[str] | None = None, dataset: Any = None) -> None:
 # the modules asked for there.
 _warming_in: int | None = None
 _warming_modules: set[str] = set()
-_zygote_start_lock = threading.Lock()
+_zygote_start_lock = ForkSafeLock()
 
 
 def _warm(modules: list[str]) -> None:

@@ -44,6 +44,7 @@ import torch.random
 from torch.overrides import TorchFunctionMode
 from torch.utils.data._utils import worker as _torch_worker
 
+from minato._util.fork import ForkSafeLock
 from minato._util.warn_once import warn_once
 
 
@@ -473,7 +474,7 @@ def thread_generators(base_seed: int, worker_id: int, torch_generator: Any, rand
 
 
 _installed = False
-_install_lock = threading.Lock()
+_install_lock = ForkSafeLock()
 
 
 def install() -> None:
