@@ -1396,8 +1396,8 @@ def test_a_slow_sample_lands_in_a_later_batch_with_processes() -> None:
 
 
 class OneHeavy(Dataset):
-    """Sample 0 takes a second, computing (a busy loop) or blocked (a sleep);
-    the rest are instant."""
+    """Sample 0 takes a second computing (a busy loop), or three blocked (a
+    sleep); the rest are instant."""
 
     def __init__(self, blocks: bool) -> None:
         self.blocks = blocks
@@ -1408,7 +1408,9 @@ class OneHeavy(Dataset):
     def __getitem__(self, index: int) -> int:
         if index == 0:
             if self.blocks:
-                time.sleep(1.0)
+                # Its replacement lives only while it sleeps: long enough
+                # to be seen on a loaded machine.
+                time.sleep(3.0)
             else:
                 end = time.perf_counter() + 1.0
                 while time.perf_counter() < end:
