@@ -540,8 +540,9 @@ class ProcessWorkers:
         self._prepared: list[str] | None = None
         self._prepare_done = threading.Event()
         self.unpicklable: str | None = None
-        # The engine's own fork server, holding a spec that cannot be pickled
-        # (see `inherit_spec`).
+        # Whether the spec goes by inheritance, from the engine's own fork
+        # server, which holds it (see `inherit_spec`).
+        self.inherits = False
         self.own_zygote: _Zygote | None = None
         self._processes: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
         self.closed = False
@@ -599,22 +600,24 @@ class ProcessWorkers:
             key = id(dataset)
             with contextlib.suppress(TypeError):  # no weak reference to it
                 _unpicklable[key] = weakref.ref(dataset, lambda _: _unpicklable.pop(key, None))
-        with _zygote_lock:
-            self.own_zygote = _Zygote(inheriting=self.child_spec)
+        self.inherits = True
+        self.zygote()
         with self._lock:
             self._payload = _ipc.dumps(_zygote.InheritedSpec())
             self._modules = []  # the server has imported what the spec needs
 
     def zygote(self) -> _Zygote:
         """The fork server this engine's worker processes come from: its own
-        (forked again, from now, where it died), or this process's."""
-        own = self.own_zygote
-        if own is None:
+        (forked now where it has none, or it died), or this process's."""
+        if not self.inherits:
             return _zygote_now()
-        if own.process.poll() is not None:
-            with _zygote_lock:
+        with _zygote_lock:
+            if self.closed:
+                raise EOFError("the loader's worker processes were stopped")
+            own = self.own_zygote
+            if own is None or own.process.poll() is not None:
                 own = self.own_zygote = _Zygote(inheriting=self.child_spec)
-        return own
+            return own
 
     def modules(self) -> list[str]:
         """The modules the spec's pickle imports from (see _ipc.modules_named)."""
