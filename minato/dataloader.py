@@ -22,7 +22,7 @@ from minato._loader.iterator import (
 from minato._loader.resume import LoaderProgress
 from minato._loader.stats import LoaderStats, StatsRecorder
 from minato._loader.whole_batches import WholeBatchChoice
-from minato._process.method import WorkerMethod, check_worker_method
+from minato._process.method import WorkerMethod, check_worker_method, fresh_start_method
 from minato._process.workers import exec_server_wanted, warm_up
 from minato._task.failures import check_failure_options
 from minato._util.priority import DEFAULT_WORKER_NICE, check_worker_nice
@@ -116,8 +116,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     ``num_workers=0`` loads in the calling thread, exactly as torch does.
     ``num_workers=N`` runs N worker *threads* owned by minato's Rust engine
     (with ``worker_method``, each may hand its work to a worker process);
-    ``multiprocessing_context`` is validated as torch does but otherwise
-    unused. Each worker thread has what a worker
+    ``multiprocessing_context`` is validated as torch does; a "spawn" or
+    "forkserver" one (or "spawn" set as multiprocessing's start method)
+    starts worker processes from a fresh interpreter, as torch's: auto then
+    keeps threads (its processes are forked), and forced ones come from a
+    fresh interpreter of the iterator's own. Each worker thread has what a worker
     process would have of its own: a copy of the dataset that shares its
     data (``WorkerInfo.dataset``, what ``__getitem__``/``__iter__`` run on),
     and the process-wide ``random``, numpy (legacy) and torch generators,
@@ -290,7 +293,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.worker_method = worker_method
         self.sample_hard_timeout = sample_hard_timeout
         self.worker_nice = worker_nice
-        self._worker_method = WorkerMethod(worker_method, type(dataset))
+        self._worker_method = WorkerMethod(
+            worker_method, type(dataset), fresh_start_method(self.multiprocessing_context)
+        )
         self._stats_recorder = StatsRecorder()
         self._stats_recorder.method = self._worker_method if num_workers > 0 else None
         self._progress = LoaderProgress()
@@ -303,8 +308,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._last_state_taken = 0
         self._rebuilt_as: weakref.ref[DataLoader[Any]] | None = None
         method = self._worker_method
-        if num_workers > 0 and (
-            method.wants_processes or (method.may_use_processes and exec_server_wanted())
+        if (
+            num_workers > 0
+            and method.fresh is None
+            and (method.wants_processes or (method.may_use_processes and exec_server_wanted()))
         ):
             # The fork server, forked from this process now, while no worker
             # of this loader runs: ready before the first samples need it.
@@ -324,7 +331,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         copy resumes from it."""
         state = self.__dict__.copy()
         state["_iterator"] = None
-        method = WorkerMethod(self.worker_method, type(self.dataset))
+        method = WorkerMethod(
+            self.worker_method, type(self.dataset), fresh_start_method(self.multiprocessing_context)
+        )
         recorder = StatsRecorder()
         recorder.method = method if self.num_workers > 0 else None
         state["_worker_method"] = method

@@ -242,3 +242,26 @@ class DeclaredShuffle(tud.Sampler):
 
     def __iter__(self):
         return iter(range(self.n))
+
+
+# Set by a test in the training process, after this module was imported: a
+# worker process forked from it sees the change, one started from a fresh
+# interpreter does not.
+PARENT_MARK = 0
+
+
+class MarkedByItsModule(torch.utils.data.Dataset):
+    """Each sample: its index, the PARENT_MARK its worker sees, its worker's pid."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([index, PARENT_MARK, os.getpid()])
+
+
+class MarkedHoldingALock(MarkedByItsModule):
+    """A dataset no pickle carries."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()

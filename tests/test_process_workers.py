@@ -2804,6 +2804,72 @@ def test_a_loader_on_worker_processes_inside_a_worker_process() -> None:
     assert [int(batch) for batch in loader] == [6, 7]
 
 
+@pytest.mark.parametrize("context", ["spawn", "forkserver", None])
+def test_forced_worker_processes_start_as_the_loaders_context_asks_as_torchs(
+    monkeypatch: pytest.MonkeyPatch, context: str | None
+) -> None:
+    """ "spawn" and "forkserver": from a fresh interpreter, which sees none of
+    what the training process changed (nor its CUDA context), and gets the
+    dataset pickled; the default: forked, which sees it all."""
+    import helpers
+
+    monkeypatch.setattr(helpers, "PARENT_MARK", 1)
+    seen = {}
+    for loader_type, options in (
+        (tud.DataLoader, {}),
+        (minato.DataLoader, {"worker_method": "multiprocessing"}),
+    ):
+        loader = loader_type(
+            helpers.MarkedByItsModule(),
+            batch_size=4,
+            num_workers=2,
+            multiprocessing_context=context,
+            **options,
+        )
+        samples = [sample.tolist() for batch in loader for sample in batch]
+        assert os.getpid() not in {pid for _, _, pid in samples}
+        seen[loader_type] = (sorted(i for i, _, _ in samples), {mark for _, mark, _ in samples})
+        locked = loader_type(
+            helpers.MarkedHoldingALock(), num_workers=2, multiprocessing_context=context, **options
+        )
+        try:
+            seen[loader_type] += (len(list(locked)),)
+        except TypeError as error:  # a lock cannot be pickled
+            seen[loader_type] += (type(error),)
+    assert seen[tud.DataLoader] == (
+        list(range(8)),
+        {0} if context else {1},
+        TypeError if context else 8,
+    )
+    assert seen[minato.DataLoader] == seen[tud.DataLoader]
+
+
+@pytest.fixture
+def spawn_set() -> Any:
+    """multiprocessing's start method set to "spawn" for the test."""
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("spawn", force=True)
+    yield
+    multiprocessing.set_start_method(before, force=True)
+
+
+@pytest.mark.parametrize("asked", ["context", "start method"])
+def test_auto_keeps_threads_where_worker_processes_are_asked_to_start_fresh(
+    request: pytest.FixtureRequest, asked: str
+) -> None:
+    """Auto's processes are forked: a loader that asks for "spawn" (CUDA in
+    its dataset, say) keeps threads, decided from the start."""
+    options: dict[str, Any] = {"multiprocessing_context": "spawn"}
+    if asked == "start method":
+        request.getfixturevalue("spawn_set")
+        options = {}
+    loader = minato.DataLoader(PurePython(), batch_size=8, num_workers=2, **options)
+    assert indices(loader) == list(range(4000))
+    stats = loader.stats()
+    assert stats.worker_method == "thread"
+    assert "'spawn'" in (stats.worker_method_reason or ""), stats.worker_method_reason
+
+
 def _fork_servers() -> set[int]:
     zygote = _process._the_zygote
     return set() if zygote is None else {zygote.process.pid}

@@ -452,7 +452,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         method.restart_window()
         if method.decided and not method.wants_processes:
             return None
-        if method.wants_processes:
+        if method.wants_processes and method.fresh is None:
             # Its workers start now: from a server that shares this
             # process's pages as they are (one that has come to hold those
             # let go since it was forked is forked again, see warm_up).
@@ -464,7 +464,11 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             hard_timeout=loader.sample_hard_timeout,
             per_task_switch=not loader.deals_in_turn(),
         )
-        if method.requested == "multiprocessing":
+        if method.requested == "multiprocessing" and method.fresh is not None:
+            # multiprocessing_context="spawn" (or "forkserver"): from a fresh
+            # interpreter, as torch's.
+            workers.start_fresh()
+        elif method.requested == "multiprocessing":
             # A dataset that cannot be pickled (an open file, a lock) goes to
             # its worker processes as torch's go: inherited as it is now.
             workers.inherit_spec(loader.dataset)

@@ -66,6 +66,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from minato._minato import _cores_busy_time, _runnable_wait, _thread_runnable_wait
 from minato._util.log import logger
@@ -296,6 +297,22 @@ def check_worker_method(worker_method: object) -> None:
         )
 
 
+def fresh_start_method(context: Any) -> str | None:
+    """ "spawn" or "forkserver" where the loader's worker processes would, in
+    torch, start from a fresh interpreter, never forked from the training
+    process (whose CUDA context, say, they could not use): asked for with
+    the loader's ``multiprocessing_context``, or, without one, "spawn" set
+    as multiprocessing's start method. (A default start method is not asked
+    for: Python 3.14's "forkserver" on Linux would otherwise keep auto from
+    ever forking.)"""
+    if context is None:
+        import multiprocessing
+
+        return "spawn" if multiprocessing.get_start_method(allow_none=True) == "spawn" else None
+    name = context if isinstance(context, str) else context.get_start_method()
+    return name if name in ("spawn", "forkserver") else None
+
+
 def gil_enabled() -> bool:
     is_enabled = getattr(sys, "_is_gil_enabled", None)
     return True if is_enabled is None else bool(is_enabled())
@@ -412,8 +429,12 @@ class WorkerMethod:
     holds for its later epochs, and for later loaders over a dataset of
     the same type (`kind`) in this process."""
 
-    def __init__(self, requested: str, kind: type | None = None) -> None:
+    def __init__(self, requested: str, kind: type | None = None, fresh: str | None = None) -> None:
         self.requested = requested
+        # The start method ("spawn", "forkserver") the loader asks its worker
+        # processes to start by, from a fresh interpreter (see
+        # `fresh_start_method`); None: forked, as torch's by default.
+        self.fresh = fresh
         # What worker threads read before each task: whether to hand it to
         # their process. Auto sets it once the fork server is up (activate).
         self.processes = requested == "multiprocessing"
@@ -435,6 +456,13 @@ class WorkerMethod:
         if requested == "auto" and not gil_enabled():
             self.decided = True
             self.reason = "auto: free-threaded Python, threads run in parallel"
+        elif requested == "auto" and fresh is not None:
+            # Its processes would be forked: what the loader asked them not to be.
+            self.decided = True
+            self.reason = (
+                f"auto: threads, as the loader asks for worker processes started by "
+                f"{fresh!r} (a fresh interpreter) and auto's are forked"
+            )
         elif requested == "auto" and kind is not None and kind in _decided_for:
             wants_processes, why, tried = _decided_for[kind]
             self._inherited_why = why
@@ -521,8 +549,9 @@ class WorkerMethod:
 
     @staticmethod
     def any_may_use_processes() -> bool:
-        """Whether a live loader's workers may still run in processes."""
-        return any(method.may_use_processes for method in list(_methods))
+        """Whether a live loader's workers may still run in processes forked
+        from this process's fork server."""
+        return any(method.may_use_processes and method.fresh is None for method in list(_methods))
 
     @property
     def may_use_processes(self) -> bool:

@@ -255,15 +255,16 @@ def _exec_server(theirs: socket.socket) -> subprocess.Popen:
 
 class _Zygote:
     """The fork server worker processes come from (see minato._process.zygote);
-    given a spec, a loader's own, forked holding it."""
+    given a spec, a loader's own, forked holding it; `fresh`, a fresh
+    interpreter."""
 
-    def __init__(self, inheriting: Any = None) -> None:
+    def __init__(self, inheriting: Any = None, fresh: bool = False) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.process: _ForkedServer | subprocess.Popen
         try:
             if inheriting is not None:
                 self.process = _fork_server(theirs, inheriting)
-            elif exec_server_wanted():
+            elif fresh or exec_server_wanted():
                 self.process = _exec_server(theirs)
             else:
                 self.process = _fork_server(theirs)
@@ -540,9 +541,11 @@ class ProcessWorkers:
         self._prepared: list[str] | None = None
         self._prepare_done = threading.Event()
         self.unpicklable: str | None = None
-        # Whether the spec goes by inheritance, from the engine's own fork
-        # server, which holds it (see `inherit_spec`).
-        self.inherits = False
+        # Where the engine's worker processes come from, where not from this
+        # process's fork server: "inherit", a server of its own holding the
+        # spec (see `inherit_spec`); "fresh", a fresh interpreter of its own
+        # (see `start_fresh`).
+        self.own_server: str | None = None
         self.own_zygote: _Zygote | None = None
         self._processes: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
         self.closed = False
@@ -561,7 +564,8 @@ class ProcessWorkers:
         with self._lock:
             if self._payload is None:
                 try:
-                    payload = _ipc.dumps(self.child_spec, inherit=True)
+                    # Arrays go as references only to the fork server's memory.
+                    payload = _ipc.dumps(self.child_spec, inherit=self.own_server != "fresh")
                 except Exception as error:
                     error.add_note(
                         "(minato: worker processes started from a fresh interpreter "
@@ -600,23 +604,37 @@ class ProcessWorkers:
             key = id(dataset)
             with contextlib.suppress(TypeError):  # no weak reference to it
                 _unpicklable[key] = weakref.ref(dataset, lambda _: _unpicklable.pop(key, None))
-        self.inherits = True
+        self.own_server = "inherit"
         self.zygote()
         with self._lock:
             self._payload = _ipc.dumps(_zygote.InheritedSpec())
             self._modules = []  # the server has imported what the spec needs
 
+    def start_fresh(self) -> None:
+        """Has this engine's worker processes start from a fresh interpreter
+        of its own (fork+exec, importing torch, minato and the spec's
+        modules), never forked from this process: what torch's "spawn" and
+        "forkserver" contexts give theirs (a CUDA context this process made
+        is none of theirs). Started now, in the background; the spec is
+        pickled (a spec that cannot be raises, as torch's would)."""
+        self.own_server = "fresh"
+        self.zygote()
+
     def zygote(self) -> _Zygote:
         """The fork server this engine's worker processes come from: its own
-        (forked now where it has none, or it died), or this process's."""
-        if not self.inherits:
+        (started now where it has none, or it died), or this process's."""
+        if self.own_server is None:
             return _zygote_now()
         with _zygote_lock:
             if self.closed:
                 raise EOFError("the loader's worker processes were stopped")
             own = self.own_zygote
             if own is None or own.process.poll() is not None:
-                own = self.own_zygote = _Zygote(inheriting=self.child_spec)
+                if self.own_server == "fresh":
+                    own = _Zygote(fresh=True)
+                else:
+                    own = _Zygote(inheriting=self.child_spec)
+                self.own_zygote = own
             return own
 
     def modules(self) -> list[str]:

@@ -97,7 +97,10 @@ def serve(fd: int) -> None:
     control = socket.socket(fileno=fd)
     from minato._process import child as _process_child
 
-    control.sendall(b"r")  # ready: torch and minato are imported
+    try:
+        control.sendall(b"r")  # ready: torch and minato are imported
+    except OSError:  # the loader went while a fresh interpreter started
+        _leave()
     while True:
         try:
             request, fds, _, _ = socket.recv_fds(control, 1, 1)
