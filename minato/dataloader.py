@@ -117,8 +117,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     ``num_workers=N`` runs N worker *threads* owned by minato's Rust engine
     (with ``worker_method``, each may hand its work to a worker process);
     ``multiprocessing_context`` is validated as torch does; a "spawn" or
-    "forkserver" one (or "spawn" set as multiprocessing's start method)
-    starts worker processes from a fresh interpreter, as torch's: auto then
+    "forkserver" one (or one set as multiprocessing's start method, see the
+    README) starts worker processes from a fresh interpreter, as torch's: auto then
     keeps threads (its processes are forked), and forced ones come from a
     fresh interpreter of the iterator's own. Each worker thread has what a worker
     process would have of its own: a copy of the dataset that shares its

@@ -301,14 +301,16 @@ def fresh_start_method(context: Any) -> str | None:
     """ "spawn" or "forkserver" where the loader's worker processes would, in
     torch, start from a fresh interpreter, never forked from the training
     process (whose CUDA context, say, they could not use): asked for with
-    the loader's ``multiprocessing_context``, or, without one, "spawn" set
-    as multiprocessing's start method. (A default start method is not asked
-    for: Python 3.14's "forkserver" on Linux would otherwise keep auto from
-    ever forking.)"""
+    the loader's ``multiprocessing_context``, or, without one, set as
+    multiprocessing's start method. (Not "forkserver" where it is Linux's
+    default, from Python 3.14: a default is not asked for, and would keep
+    auto from ever forking.)"""
     if context is None:
         import multiprocessing
 
-        return "spawn" if multiprocessing.get_start_method(allow_none=True) == "spawn" else None
+        name = multiprocessing.get_start_method(allow_none=True)
+        asked = ("spawn",) if sys.version_info >= (3, 14) else ("spawn", "forkserver")
+        return name if name in asked else None
     name = context if isinstance(context, str) else context.get_start_method()
     return name if name in ("spawn", "forkserver") else None
 
