@@ -265,3 +265,13 @@ class MarkedHoldingALock(MarkedByItsModule):
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+
+
+class UsesCuda(torch.utils.data.Dataset):
+    """Each sample made on the GPU (a decode there, say), returned on the CPU."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return (torch.full((4,), index, device="cuda") * 2).cpu()

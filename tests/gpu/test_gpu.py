@@ -86,3 +86,20 @@ def test_memory_stays_flat_over_1000_batches() -> None:
     assert len(readings) == 2
     # A leak of one 12 KiB batch per step would add ~10 MiB by the end.
     assert readings[1] - readings[0] < 2 * 1024 * 1024
+
+
+@pytest.mark.timeout(300)
+def test_a_dataset_using_cuda_runs_where_the_loader_asks_for_spawn() -> None:
+    """torch's "spawn" workers may use CUDA after the training process did;
+    forked ones may not. minato's forced processes start fresh for such a
+    loader, and auto keeps threads."""
+    from helpers import UsesCuda
+
+    torch.ones(1, device="cuda")  # the training process's CUDA context
+    options = dict(batch_size=4, num_workers=2, multiprocessing_context="spawn")
+    expected = [batch.tolist() for batch in tud.DataLoader(UsesCuda(), **options)]
+    assert sorted(sum(expected, [])) == [[2 * i] * 4 for i in range(8)]
+    for method in ("multiprocessing", "auto"):
+        loader = minato.DataLoader(UsesCuda(), worker_method=method, **options)
+        assert [batch.tolist() for batch in loader] == expected
+        assert loader.stats().worker_method == ("thread" if method == "auto" else method)
