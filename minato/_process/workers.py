@@ -30,7 +30,9 @@ and the same bytes sent to every worker process it starts (its tensors in
 shared memory, shared by all of them). A spec no pickle carries (an open
 file, a lock) goes to forced worker processes as torch's forked workers
 get it: the engine forks a fork server of its own holding it, as it starts
-(``ProcessWorkers.inherit_spec``).
+(``ProcessWorkers.inherit_spec``). A loader that asks for "spawn" or
+"forkserver" gets a fresh interpreter of its engine's own as its fork
+server, as torch's workers start fresh (``ProcessWorkers.start_fresh``).
 
 Hard limit: a process, unlike a thread, can be stopped. A task that runs
 past ``sample_hard_timeout`` seconds per sample has its process killed and
