@@ -293,9 +293,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.worker_method = worker_method
         self.sample_hard_timeout = sample_hard_timeout
         self.worker_nice = worker_nice
-        self._worker_method = WorkerMethod(
-            worker_method, type(dataset), fresh_start_method(self.multiprocessing_context)
-        )
+        self._worker_method = self._new_worker_method()
         self._stats_recorder = StatsRecorder()
         self._stats_recorder.method = self._worker_method if num_workers > 0 else None
         self._progress = LoaderProgress()
@@ -310,8 +308,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         method = self._worker_method
         if (
             num_workers > 0
-            and method.fresh is None
-            and (method.wants_processes or (method.may_use_processes and exec_server_wanted()))
+            and method.uses_fork_server
+            and (method.wants_processes or exec_server_wanted())
         ):
             # The fork server, forked from this process now, while no worker
             # of this loader runs: ready before the first samples need it.
@@ -322,6 +320,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             warm_up(dataset=dataset)
         accelerate_hooks.register(self)
 
+    def _new_worker_method(self) -> WorkerMethod:
+        """A choice of worker method of its own, as the loader is built (or copied)."""
+        return WorkerMethod(
+            self.worker_method, type(self.dataset), fresh_start_method(self.multiprocessing_context)
+        )
+
     def __getstate__(self) -> dict[str, Any]:
         """What pickling and ``copy.deepcopy`` copy, as torch's DataLoader: the
         configuration (dataset, sampler, options), never a live iterator or
@@ -331,9 +335,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         copy resumes from it."""
         state = self.__dict__.copy()
         state["_iterator"] = None
-        method = WorkerMethod(
-            self.worker_method, type(self.dataset), fresh_start_method(self.multiprocessing_context)
-        )
+        method = self._new_worker_method()
         recorder = StatsRecorder()
         recorder.method = method if self.num_workers > 0 else None
         state["_worker_method"] = method

@@ -464,14 +464,15 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             hard_timeout=loader.sample_hard_timeout,
             per_task_switch=not loader.deals_in_turn(),
         )
-        if method.requested == "multiprocessing" and method.fresh is not None:
-            # multiprocessing_context="spawn" (or "forkserver"): from a fresh
-            # interpreter, as torch's.
-            workers.start_fresh()
-        elif method.requested == "multiprocessing":
-            # A dataset that cannot be pickled (an open file, a lock) goes to
-            # its worker processes as torch's go: inherited as it is now.
-            workers.inherit_spec(loader.dataset)
+        if method.requested == "multiprocessing":
+            if method.fresh is not None:
+                # multiprocessing_context="spawn" (or "forkserver"): from a
+                # fresh interpreter, as torch's.
+                workers.start_fresh()
+            else:
+                # A dataset that cannot be pickled (an open file, a lock) goes
+                # to its worker processes as torch's go: inherited as it is now.
+                workers.inherit_spec(loader.dataset)
         if method.decided_before and not method.processes:
             # An earlier loader's decision: the workers start on processes,
             # as forced ones do. Threads loading beside the starts slowed

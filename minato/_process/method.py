@@ -553,7 +553,13 @@ class WorkerMethod:
     def any_may_use_processes() -> bool:
         """Whether a live loader's workers may still run in processes forked
         from this process's fork server."""
-        return any(method.may_use_processes and method.fresh is None for method in list(_methods))
+        return any(method.uses_fork_server for method in list(_methods))
+
+    @property
+    def uses_fork_server(self) -> bool:
+        """Whether this loader's workers may run in processes forked from this
+        process's fork server (not from a fresh interpreter of their own)."""
+        return self.may_use_processes and self.fresh is None
 
     @property
     def may_use_processes(self) -> bool:

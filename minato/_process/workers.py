@@ -596,16 +596,14 @@ class ProcessWorkers:
         holds this engine's copy of it)."""
         if exec_server_wanted():
             return
-        known = _unpicklable.get(id(dataset))
-        if known is None or known() is not dataset:
+        if _unpicklable.get(id(dataset)) is not dataset:
             # Pickled in vain, a dataset's large arrays are copied into
             # shared memory first (none inherited once this process has
             # forked since its fork server): tried once per dataset.
             if self.check_picklable() is None:
                 return
-            key = id(dataset)
             with contextlib.suppress(TypeError):  # no weak reference to it
-                _unpicklable[key] = weakref.ref(dataset, lambda _: _unpicklable.pop(key, None))
+                _unpicklable[id(dataset)] = dataset
         self.own_server = "inherit"
         self.zygote()
         with self._lock:
@@ -759,7 +757,7 @@ class ProcessWorkers:
 
 _live: weakref.WeakSet[ProcessWorkers] = weakref.WeakSet()
 # Datasets found to be beyond pickling, by id (see `inherit_spec`).
-_unpicklable: dict[int, weakref.ref[Any]] = {}
+_unpicklable: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
 
 def stop_all() -> None:
