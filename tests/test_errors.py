@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import sys
 import threading
 from typing import Any
 
@@ -260,3 +261,44 @@ def test_a_worker_error_keeps_type_worker_index_and_traceback_through_a_process(
     message = str(raised.value)
     assert "Caught KeyError in DataLoader worker process 0 (sample index 0)" in message
     assert 'table[f"missing {index}"]' in message and "Traceback" in message
+
+
+class ExitsAt(RangeDataset):
+    def __getitem__(self, i: int) -> int:
+        if i == 5:
+            sys.exit(3)
+        return i
+
+
+def exit_at_start(worker_id: int) -> None:
+    sys.exit(3)
+
+
+@pytest.mark.parametrize(
+    "loader_type, options",
+    [
+        (tud.DataLoader, {}),
+        (minato.DataLoader, {"worker_method": "thread"}),
+        (minato.DataLoader, {"worker_method": "multiprocessing"}),
+    ],
+    ids=["torch", "minato-threads", "minato-processes"],
+)
+@pytest.mark.parametrize("where", ["dataset", "worker_init_fn"])
+def test_sys_exit_in_a_worker_raises_runtimeerror_as_torchs_exiting_worker_does(
+    loader_type: type, options: dict[str, Any], where: str
+) -> None:
+    """sys.exit() in a worker ends torch's worker process, and its loader
+    raises RuntimeError: minato's raises the same, naming the SystemExit,
+    and does not end the training process (as re-raising it would)."""
+    if where == "dataset":
+        loader = loader_type(ExitsAt(8), batch_size=4, num_workers=1, **options)
+    else:
+        loader = loader_type(
+            RangeDataset(8), batch_size=4, num_workers=1, worker_init_fn=exit_at_start, **options
+        )
+    with pytest.raises(RuntimeError, match="exited unexpectedly") as caught:
+        list(loader)
+    message = str(caught.value)
+    del caught, loader  # the traceback holds the iterator and its threads
+    if loader_type is minato.DataLoader:
+        assert "SystemExit(3)" in message

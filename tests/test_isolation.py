@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import multiprocessing
 import random
+import signal
 import threading
 import time
 import warnings
@@ -497,3 +498,109 @@ def test_a_fresh_loaders_workers_copy_the_dataset_of_their_epoch() -> None:
     for epoch in range(2):
         dataset.start = epoch
         assert {int(s) for starts, _ in loader for s in starts} == {epoch}
+
+
+# ------------------------------------------------------ a worker's signals
+
+
+class SigintDisposition(tud.Dataset):
+    """Each item: whether the worker running it sees SIGINT ignored."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> bool:
+        return signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
+def ignore_sigint(worker_id: int) -> None:
+    # The recipe: Ctrl-C is the training process's to handle, not the workers'.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    "loader_type, options",
+    [
+        (tud.DataLoader, {}),
+        (minato.DataLoader, {"worker_method": "thread"}),
+        (minato.DataLoader, {"worker_method": "multiprocessing"}),
+    ],
+    ids=["torch", "minato-threads", "minato-processes"],
+)
+def test_a_worker_ignoring_sigint_keeps_that_to_itself_as_torchs_do(
+    loader_type: type, options: dict[str, Any]
+) -> None:
+    """signal.signal(SIGINT, SIG_IGN) in worker_init_fn runs in a worker
+    thread as in a worker process: that worker sees its disposition, and the
+    training process keeps its handler (Ctrl-C still stops the loop)."""
+    before = signal.getsignal(signal.SIGINT)
+    loader = loader_type(
+        SigintDisposition(), batch_size=None, num_workers=2, worker_init_fn=ignore_sigint, **options
+    )
+    assert list(loader) == [True] * 8
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_worker_threads_signal_calls_answer_as_cpythons_would() -> None:
+    """In a worker thread: the previous disposition is returned, as CPython
+    returns it, and a bad argument raises CPython's exception."""
+    seen: dict[int, Any] = {}
+
+    def init(worker_id: int) -> None:
+        first = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        second = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        errors = []
+        for call in (
+            lambda: signal.signal(signal.SIGKILL, signal.SIG_IGN),
+            lambda: signal.signal(signal.SIGTERM, "ignore"),
+            lambda: signal.signal(10_000, signal.SIG_IGN),
+        ):
+            try:
+                call()
+            except Exception as error:
+                errors.append(type(error))
+        seen[worker_id] = (first, second, signal.getsignal(signal.SIGTERM), errors)
+
+    loader = minato.DataLoader(
+        SigintDisposition(), batch_size=None, num_workers=2, worker_init_fn=init
+    )
+    list(loader)
+    assert seen == {
+        worker: (
+            signal.getsignal(signal.SIGTERM),
+            signal.SIG_IGN,
+            signal.SIG_DFL,
+            [OSError, TypeError, ValueError],
+        )
+        for worker in (0, 1)
+    }
+
+
+def set_an_alarm_handler(worker_id: int) -> None:
+    signal.signal(signal.SIGALRM, lambda signum, frame: None)
+
+
+class AlarmHandled(SigintDisposition):
+    """Each item: whether the worker running it has a handler for SIGALRM."""
+
+    def __getitem__(self, i: int) -> bool:
+        return callable(signal.getsignal(signal.SIGALRM))
+
+
+def test_a_handler_function_needs_a_worker_process_and_says_so() -> None:
+    """A handler cannot run in a thread: the error names worker processes,
+    where it works as in torch's."""
+    with pytest.raises(ValueError, match="worker_method='multiprocessing'"):
+        list(
+            minato.DataLoader(
+                AlarmHandled(),
+                batch_size=None,
+                num_workers=1,
+                worker_init_fn=set_an_alarm_handler,
+                worker_method="thread",
+            )
+        )
+    options = dict(batch_size=None, num_workers=1, worker_init_fn=set_an_alarm_handler)
+    torchs = list(tud.DataLoader(AlarmHandled(), **options))
+    ours = list(minato.DataLoader(AlarmHandled(), worker_method="multiprocessing", **options))
+    assert ours == torchs == [True] * 8

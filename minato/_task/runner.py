@@ -14,6 +14,7 @@ worker's id (its stream) for an iterable one.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -83,6 +84,22 @@ def _where(worker_id: int, index: object = None, *, collating: bool = False) -> 
     return f"{where} ({what} {index})"
 
 
+def _exited(worker_id: int, index: object = None) -> WorkerError:
+    """A ``SystemExit`` raised by the user's code (``sys.exit()`` in a
+    dataset), as torch reports it: its worker process exits, and the loader
+    raises ``RuntimeError``. A thread, or a process, of minato's stays: the
+    task fails with that error, the ``SystemExit`` as its cause, and the
+    training process goes on as it would after torch's error."""
+    exiting = sys.exc_info()[1]
+    assert isinstance(exiting, SystemExit), "call inside an except SystemExit block"
+    error = RuntimeError(
+        f"DataLoader worker {WORKER_NOUN['noun']} {worker_id} exited unexpectedly: "
+        f"the dataset's code raised SystemExit({exiting.code!r}) (sys.exit)"
+    )
+    error.__cause__ = exiting
+    return WorkerError(exc_info=(RuntimeError, error, None), where=_where(worker_id, index))
+
+
 def make_runner(
     spec: WorkerSpec,
     dataset: Any,
@@ -117,6 +134,8 @@ def make_runner(
             fetcher = fetcher_type(spec, dataset, worker_id)
     except Exception:
         init_error = WorkerError(where=_where(worker_id))
+    except SystemExit:
+        init_error = _exited(worker_id)
 
     def failure() -> ExceptionWrapper | None:
         nonlocal init_error
@@ -152,14 +171,19 @@ def make_runner(
                 positions = list(range(first, first + sample_count(index, spec.auto_collation)))
             per_sample = SampleRun(key, positions, eager_seed)
         begin_run(batch_run or per_sample)
-        with own_generator, IN_USER_CODE:
-            if batch_run is not None and eager_seed is not None:
-                eager_seed(batch_run)  # the whole batch draws from the batch's seed
-            if per_sample is None:
-                output = fetcher.fetch(epoch, index)
-            else:
-                collating = collate_run(key, per_sample.positions[0], eager_seed)
-                output = fetcher.fetch(epoch, index, per_sample, lambda: seed_collate(collating))
+        try:
+            with own_generator, IN_USER_CODE:
+                if batch_run is not None and eager_seed is not None:
+                    eager_seed(batch_run)  # the whole batch draws from the batch's seed
+                if per_sample is None:
+                    output = fetcher.fetch(epoch, index)
+                else:
+                    collating = collate_run(key, per_sample.positions[0], eager_seed)
+                    output = fetcher.fetch(
+                        epoch, index, per_sample, lambda: seed_collate(collating)
+                    )
+        except SystemExit:
+            return tag, _exited(worker_id, None if spec.is_iterable else index)
         return output if output is EXHAUSTED else (tag, output)
 
     def run_samples(
@@ -175,8 +199,12 @@ def make_runner(
         key = tagged[0][2]
         run = None if key is None else SampleRun(key, tags, eager_seed)
         begin_run(run)
-        with own_generator, IN_USER_CODE:
-            loaded = fetcher.fetch_samples([index for _, index, _ in tagged], run, settle)
+        indices = [index for _, index, _ in tagged]
+        try:
+            with own_generator, IN_USER_CODE:
+                loaded = fetcher.fetch_samples(indices, run, settle)
+        except SystemExit:
+            return [(tag, _exited(worker_id, indices)) for tag in tags]
         return [
             Skipped(tag, sample) if isinstance(sample, SampleFailure) else (tag, sample)
             for tag, sample in zip(tags, loaded, strict=True)

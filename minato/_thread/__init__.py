@@ -1,3 +1,3 @@
 """What makes a worker thread act like one of torch's worker processes:
-its own generators, intra-op thread count, ``get_worker_info()`` and copy
-of the dataset. Imports only ``minato._util``."""
+its own generators, intra-op thread count, signal dispositions,
+``get_worker_info()`` and copy of the dataset. Imports only ``minato._util``."""

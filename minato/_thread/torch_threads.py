@@ -26,7 +26,7 @@ import os
 import torch
 from torch.utils.data._utils import collate as _collate
 
-from minato._thread import generators
+from minato._thread import generators, signals
 from minato._thread import worker_info as _worker_info
 from minato._thread.worker_info import thread_worker_info, worker_info_hidden
 from minato._util.warn_once import warn_once
@@ -109,9 +109,10 @@ def _set_num_threads(nthreads: int) -> None:
 
 def install() -> None:
     """Make get_worker_info per-thread, default_collate shm-free in threads,
-    the process-wide random generators per worker thread, and
-    torch.set_num_threads a no-op in worker threads. Idempotent."""
+    the process-wide random generators, torch.set_num_threads and signal
+    dispositions per worker thread. Idempotent."""
     generators.install()
+    signals.install()
     if torch.set_num_threads is _torch_set_num_threads:
         _set_num_threads.__doc__ = _torch_set_num_threads.__doc__
         torch.set_num_threads = _set_num_threads
