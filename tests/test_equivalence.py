@@ -112,6 +112,28 @@ def test_default_collate_and_convert_on_every_type(num_workers, batch_size) -> N
     compare_with_torch(RichDataset, batch_size=batch_size, num_workers=num_workers)
 
 
+class NoneForOdd(RangeDataset):
+    def __getitem__(self, i: int) -> int | None:
+        return None if i % 2 else i
+
+
+@pytest.mark.parametrize("num_workers", WORKERS)
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(batch_size=None),
+        dict(batch_size=4, collate_fn=lambda samples: None),
+        dict(batch_size=4, collate_fn=lambda samples: samples),
+    ],
+    ids=["unbatched", "collate-returns-none", "collate-keeps-none"],
+)
+def test_none_samples_and_batches_are_yielded_as_torchs(num_workers, options) -> None:
+    """A None sample (batch_size=None) or a collate_fn's None batch is
+    yielded, as torch yields it: the loop decides what to do with it."""
+    got = compare_with_torch(NoneForOdd, num_workers=num_workers, **options)
+    assert None in got or any(None in batch for batch in got)
+
+
 @pytest.mark.parametrize("num_workers", WORKERS)
 def test_getitems_is_used_like_torch(num_workers) -> None:
     class Batched(RangeDataset):

@@ -51,6 +51,7 @@ from minato._process.workers import (
     warm_up,
 )
 from minato._task.failures import (
+    NOTHING_LOADED,
     SampleFailure,
     Skipped,
     budget_exceeded,
@@ -275,7 +276,7 @@ class _CallingThreadDataLoaderIter(_Delivery, _SingleProcessDataLoaderIter):
             except StopIteration:
                 raise
             except _NothingLoaded:
-                data = None
+                data = NOTHING_LOADED
             except Exception as error:
                 # As torch: the batch is used up, the error raised unwrapped.
                 data = Failure(error)
@@ -286,7 +287,7 @@ class _CallingThreadDataLoaderIter(_Delivery, _SingleProcessDataLoaderIter):
             over_budget, self._over_budget_failure = self._over_budget_failure, None
             if over_budget is not None:
                 return tags, over_budget
-            if data is None:
+            if data is NOTHING_LOADED:
                 # Every sample of the batch was skipped: go on to the next one.
                 self._delivered(tags)
                 continue
@@ -515,7 +516,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
     def _to_batch(self, data: Any) -> tuple[list[int], int, Any, list[Any]]:
         """What the engine delivered, as (tags, sample count, the batch or its
         Failure, the samples skipped as (tag, SampleFailure)); the batch is
-        None when every sample was skipped.
+        NOTHING_LOADED when every sample was skipped.
 
         A worker returns ``(tag, payload)``: the batch's tag for a map-style
         dataset, the worker's stream for an iterable one."""
@@ -640,7 +641,8 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
                 raise
             waited = time.perf_counter() - asked
             tags, samples, data, skipped = self._unpack(engine, data)
-            if self._processes is not None and data is not None and not isinstance(data, Failure):
+            loaded = data is not NOTHING_LOADED and not isinstance(data, Failure)
+            if self._processes is not None and loaded:
                 # Before the refill: where the workers move to processes now,
                 # the batch submitted next is theirs, not a thread's beside
                 # the training loop.
@@ -651,7 +653,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             over_budget = self._note_skipped(skipped + self._engine_skipped())
             if over_budget is not None:
                 return tags, over_budget
-            if data is None:
+            if data is NOTHING_LOADED:
                 # Every sample of the batch was skipped: go on to the next one.
                 self._delivered(tags)
                 continue

@@ -86,7 +86,7 @@ from minato._process import ipc as _ipc
 from minato._process import zygote as _zygote
 from minato._process.method import WorkerMethod
 from minato._task.error import WorkerError
-from minato._task.failures import SampleFailure, Skipped
+from minato._task.failures import NOTHING_LOADED, SampleFailure, Skipped
 from minato._task.runner import EXHAUSTED, WorkerSpec
 from minato._util.fork import ForkSafeLock
 from minato._util.memory import give_back_arrow_memory, give_back_freed_memory
@@ -1032,7 +1032,7 @@ class _Remote:
         if spec.skip_errors:
             indices = index if spec.auto_collation and index is not None else [index]
             failures = [SampleFailure(i, self.worker_id, "RuntimeError", message) for i in indices]
-            return tag, (0, None, failures)
+            return tag, (0, NOTHING_LOADED, failures)
         return tag, self._wrapper(error, index)
 
     def _wrapper(self, error: RuntimeError, index: Any) -> ExceptionWrapper:

@@ -64,6 +64,22 @@ class Skipped:
         self.failure = failure
 
 
+class _AllSkipped:
+    __slots__ = ()
+
+    def __reduce__(self) -> str:
+        return "NOTHING_LOADED"  # one object in every process: pickled by name
+
+    def __repr__(self) -> str:
+        return "NOTHING_LOADED"
+
+
+# Where a batch would be when every sample of it was skipped: the loop goes
+# on to the next batch. Not None: a collate_fn (or an unbatched dataset's
+# sample) may be None, and torch yields it.
+NOTHING_LOADED = _AllSkipped()
+
+
 def _type_name(error: BaseException) -> str:
     kind = type(error)
     module = kind.__module__

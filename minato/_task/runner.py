@@ -23,6 +23,7 @@ from torch._utils import ExceptionWrapper
 
 from minato._task.error import WorkerError
 from minato._task.failures import (
+    NOTHING_LOADED,
     SampleFailure,
     Skipped,
     load_each,
@@ -268,7 +269,7 @@ class _MapFetcher:
         loaded = load_skipping(self.dataset, self.getitems, indices, self.worker_id, run)
         data, failures = split_failures(loaded)
         if not data:
-            return 0, None, failures
+            return 0, NOTHING_LOADED, failures
         return self._collate(
             data if self.auto_collation else data[0], index, failures, seed_collate
         )
@@ -377,7 +378,7 @@ class _IterableFetcher:
         )
         if not items:
             # The stream ended; its last failures still reach the loop first.
-            return (0, None, failures) if failures else EXHAUSTED
+            return (0, NOTHING_LOADED, failures) if failures else EXHAUSTED
         return self._collate(items if spec.auto_collation else items[0], failures)
 
     def _collate(self, data: Any, failures: list[SampleFailure]) -> Any:
