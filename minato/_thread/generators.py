@@ -190,11 +190,21 @@ def _thread_torch_generator() -> Any:
 
 
 def _dispatching(
-    shared_method: Callable[..., Any], name: str, pick: Callable[[ThreadGenerators], Any]
+    shared_method: Callable[..., Any],
+    name: str,
+    pick: Callable[[ThreadGenerators], Any],
+    shared: Any,
 ) -> Any:
     """`shared_method`, or in a worker thread the method `name` of the thread's own generator."""
+    compiling = torch.compiler.is_compiling
 
     def method(*args: Any, **kwargs: Any) -> Any:
+        if compiling():
+            # torch.compile tracing the training loop's code: the shared
+            # generator, reached as a method of its object, which dynamo
+            # models as it models torch's own random.random; the pre-bound
+            # builtin it refuses (fullgraph=True would fail).
+            return getattr(shared, name)(*args, **kwargs)
         generators = _thread.generators
         if generators is None:
             return shared_method(*args, **kwargs)
@@ -203,6 +213,11 @@ def _dispatching(
     method.__name__ = name
     method.__qualname__ = name
     method.__doc__ = shared_method.__doc__
+    module = getattr(shared_method, "__module__", None)
+    if isinstance(module, str):
+        # As functools.wraps does. torch.compile finds numpy's functions by
+        # their module, and traces them as torch ops: ours too, then.
+        method.__module__ = module
     method.__wrapped__ = shared_method  # type: ignore[attr-defined]
     method._minato_dispatching = True  # type: ignore[attr-defined]
     return method
@@ -222,9 +237,9 @@ def _patch_module_functions(
             if getattr(value, "_minato_dispatching", False):
                 continue
             if getattr(value, "__self__", None) is shared and callable(value):
-                setattr(module, name, _dispatching(value, name, pick))
+                setattr(module, name, _dispatching(value, name, pick, shared))
             elif name in aliases and callable(value):
-                setattr(module, name, _dispatching(value, aliases[name], pick))
+                setattr(module, name, _dispatching(value, aliases[name], pick, shared))
 
 
 def _install_random() -> None:
