@@ -96,6 +96,9 @@ class _DefaultOrder:
 DEFAULT_ORDER = _DefaultOrder()
 
 
+_TORCH_MULTIPROCESSING_CONTEXT = torch.utils.data.DataLoader.multiprocessing_context
+
+
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """A drop-in replacement for :class:`torch.utils.data.DataLoader`.
 
@@ -306,19 +309,36 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._last_state_taken = 0
         self._rebuilt_as: weakref.ref[DataLoader[Any]] | None = None
         method = self._worker_method
+        forked_at_start = method.requested == "multiprocessing" and not exec_server_wanted()
         if (
             num_workers > 0
             and method.uses_fork_server
             and (method.wants_processes or exec_server_wanted())
+            and not forked_at_start
         ):
-            # The fork server, forked from this process now, while no worker
-            # of this loader runs: ready before the first samples need it.
-            # Auto, undecided, forks it once its measurements point to
-            # processes (a loader that keeps threads never forks it); a
+            # The shared fork server, forked from this process now, while no
+            # worker of this loader runs: ready before the first samples
+            # need it. Auto, undecided, forks it once its measurements point
+            # to processes (a loader that keeps threads never forks it); a
             # fresh interpreter shares no pages and takes seconds to start:
-            # it starts now, in the background.
+            # it starts now, in the background. Forced worker processes get
+            # a server of their own, forked as each epoch starts.
             warm_up(dataset=dataset)
         accelerate_hooks.register(self)
+
+    @property
+    def multiprocessing_context(self) -> Any:
+        return _TORCH_MULTIPROCESSING_CONTEXT.fget(self)  # type: ignore[misc]
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, multiprocessing_context: Any) -> None:
+        _TORCH_MULTIPROCESSING_CONTEXT.fset(self, multiprocessing_context)  # type: ignore[misc]
+        if "_worker_method" in self.__dict__:
+            # Assigned after construction (as a library may choose "spawn"):
+            # torch's next workers start in it, so the choice is made again
+            # for the next iterator; a persistent one keeps its workers.
+            self._worker_method = self._new_worker_method()
+            self._stats_recorder.method = self._worker_method if self.num_workers > 0 else None
 
     def _new_worker_method(self) -> WorkerMethod:
         """A choice of worker method of its own, as the loader is built (or copied)."""

@@ -209,12 +209,12 @@ def processes_marked(mark: str) -> list[int]:
 
 
 def workers_of_this_process() -> list[int]:
-    """Live worker processes started for this process (the fork server's children)."""
-    zygote = _process._the_zygote
-    if zygote is None or zygote.pid != os.getpid():
-        return []
-    server = zygote.process.pid
-    return [pid for pid, entry in live_processes().items() if _parent(entry) == server]
+    """Live worker processes started for this process: the children of its
+    fork servers (the shared one, and those of forced loaders' own), which
+    are its children."""
+    live = live_processes()
+    servers = {pid for pid, entry in live.items() if _parent(entry) == os.getpid()}
+    return [pid for pid, entry in live.items() if _parent(entry) in servers]
 
 
 def wait_until(condition, within_s: float = 10.0) -> bool:
@@ -779,10 +779,12 @@ def test_a_datasets_arrow_array_reaches_worker_processes_by_shared_memory(
 ) -> None:
     # Not the fork server's inherited copy (test_inherit.py): one that was
     # never registered with it, as when it was forked for an earlier loader.
+    # The spec is pickled for the shared server's workers (auto's).
     monkeypatch.setattr(_process.inherit, "register", lambda dataset: None)
-    loader = minato.DataLoader(
-        ArrowNames(), batch_size=8, num_workers=2, worker_method="multiprocessing"
+    monkeypatch.setitem(
+        _worker_method._decided_for, ArrowNames, (True, "auto: decided for the test", True)
     )
+    loader = minato.DataLoader(ArrowNames(), batch_size=8, num_workers=2)
     iterator = iter(loader)
     names = list(next(iterator))
     payload = iterator._processes.spec_payload()  # type: ignore[attr-defined]
@@ -834,9 +836,11 @@ def test_pyarrows_freed_copy_of_a_pickled_column_is_given_back(
 
     monkeypatch.setattr(pyarrow, "default_memory_pool", Spy)
     monkeypatch.setattr(_ipc, "dumps", spec_dumps)
-    loader = minato.DataLoader(
-        dataset, batch_size=4, num_workers=2, worker_method="multiprocessing"
+    # The spec is pickled for the shared server's workers (auto's).
+    monkeypatch.setitem(
+        _worker_method._decided_for, ArrowFrame, (True, "auto: decided for the test", True)
     )
+    loader = minato.DataLoader(dataset, batch_size=4, num_workers=2)
     assert [name for batch in loader for name in batch] == [f"image{i}.jpg" for i in range(16)]
     # mimalloc keeps freed pages per thread: given back by the thread that
     # pickled the frame (and so freed its copy).
@@ -874,9 +878,9 @@ def test_shared_memory_held_at_interpreter_exit_closes_quietly(tmp_path: Path) -
 
 def test_auto_forks_no_fork_server_while_it_keeps_threads(tmp_path: Path) -> None:
     # Forked, it comes to hold a copy of every page the training process
-    # writes: auto forks it only once its measurements point to processes, a
-    # forced loader as it is built. A fresh interpreter: no other test's
-    # loader may hold it.
+    # writes: auto forks it only once its measurements point to processes; a
+    # forced loader forks a server of its own as its engine starts, never
+    # the shared one. A fresh interpreter: no other test's loader may hold it.
     script = textwrap.dedent("""
         import time
         import minato
@@ -908,7 +912,7 @@ def test_auto_forks_no_fork_server_while_it_keeps_threads(tmp_path: Path) -> Non
     lines = run.stdout.splitlines()
     assert lines[0] == "started False", run.stdout
     assert lines[1].startswith("kept thread auto: "), run.stdout
-    assert lines[2:] == ["running False", "again True"], run.stdout
+    assert lines[2:] == ["running False", "again False"], run.stdout
 
 
 def test_the_fork_server_is_forked_with_no_worker_thread_inside_the_datasets_code(
@@ -1183,17 +1187,30 @@ def test_a_loader_after_a_decision_on_processes_keeps_threads_where_its_dataset_
     assert "cannot be pickled" in (stats.worker_method_reason or ""), stats.worker_method_reason
 
 
+# In a script: a list dataset's loaders start on processes from the shared
+# fork server (auto, after an earlier loader's decision). Forced ones fork
+# a server of their own as each engine starts.
+ON_THE_SHARED_SERVER = (
+    "from minato._process import method\n"
+    "method._decided_for[list] = (True, 'auto: decided for the test', True)\n"
+)
+
+
 def test_a_stopped_fork_server_is_reaped_where_no_thread_can_be_started(tmp_path: Path) -> None:
     # Its exit is waited for on a thread of its own; where none can be
     # started (a process at its thread limit), the caller waits, as before,
     # rather than fail the training loop.
-    script = textwrap.dedent("""
+    script = (
+        textwrap.dedent("""
         import gc, os
         import minato
         from minato._process import workers
+        """)
+        + ON_THE_SHARED_SERVER
+        + textwrap.dedent("""
 
         loader = minato.DataLoader(
-            list(range(16)), batch_size=4, num_workers=2, worker_method="multiprocessing"
+            list(range(16)), batch_size=4, num_workers=2
         )
         assert sorted(int(i) for batch in loader for i in batch) == list(range(16))
         server = workers._the_zygote.process.pid
@@ -1208,6 +1225,7 @@ def test_a_stopped_fork_server_is_reaped_where_no_thread_can_be_started(tmp_path
         print("running", workers._zygote_running())
         print("left", os.path.exists(f"/proc/{server}"))
         """)
+    )
     run = _run_script(script, tmp_path)
     assert run.stdout.splitlines() == ["running False", "left False"], run.stdout
 
@@ -1221,15 +1239,19 @@ def test_a_fork_server_holding_memory_let_go_or_written_since_is_forked_again(
     # or trained in place): torch's workers, forked as each epoch starts,
     # never hold it. The next epoch's workers come from a server forked
     # again; one that holds nothing more is kept.
-    script = textwrap.dedent("""
+    script = (
+        textwrap.dedent("""
         import os, sys, time
         import numpy as np
         import minato
         from minato._process import workers
+        """)
+        + ON_THE_SHARED_SERVER
+        + textwrap.dedent("""
 
         held = np.arange(48 << 17, dtype=np.int64)  # 48 MiB, written
         loader = minato.DataLoader(
-            list(range(16)), batch_size=4, num_workers=2, worker_method="multiprocessing"
+            list(range(16)), batch_size=4, num_workers=2
         )
         first = workers._the_zygote.process.pid
         data = sorted(int(i) for batch in loader for i in batch) == list(range(16))
@@ -1253,6 +1275,7 @@ def test_a_fork_server_holding_memory_let_go_or_written_since_is_forked_again(
         print("third epoch, same server", workers._the_zygote.process.pid == second)
         print("data", data)
         """)
+    )
     run = _run_script(script, tmp_path, how)
     assert run.stdout.splitlines() == [
         "first epoch, same server True",
@@ -1267,10 +1290,14 @@ def test_a_fork_server_stopped_aside_leaves_after_its_last_worker(tmp_path: Path
     # Replaced while a loader's worker processes still live, it stays their
     # parent until they have exited (orphaned, they would be left to the
     # machine's init), then leaves and is reaped.
-    script = textwrap.dedent("""
+    script = (
+        textwrap.dedent("""
         import gc, os, time
         import minato
         from minato._process import workers
+        """)
+        + ON_THE_SHARED_SERVER
+        + textwrap.dedent("""
 
         def alive(pid):
             try:
@@ -1284,8 +1311,7 @@ def test_a_fork_server_stopped_aside_leaves_after_its_last_worker(tmp_path: Path
                 return int(stat.read().rsplit(")", 1)[1].split()[1])
 
         loader = minato.DataLoader(
-            list(range(64)), batch_size=4, num_workers=2,
-            worker_method="multiprocessing", persistent_workers=True,
+            list(range(64)), batch_size=4, num_workers=2, persistent_workers=True,
         )
         it = iter(loader)
         next(it)
@@ -1315,6 +1341,7 @@ def test_a_fork_server_stopped_aside_leaves_after_its_last_worker(tmp_path: Path
             time.sleep(0.01)  # reaped on a thread of its own
         print("left", not os.path.exists(f"/proc/{server}"), workers_gone)
         """)
+    )
     run = _run_script(script, tmp_path)
     assert run.stdout.splitlines() == [
         "workers 2",
@@ -2748,11 +2775,11 @@ def test_forced_worker_processes_inherit_a_dataset_no_pickle_carries_as_torchs_d
     assert wait_until(lambda: _children_of_this_process() <= before | _fork_servers())
 
 
-def test_a_dataset_no_pickle_carries_is_not_pickled_again_each_epoch(
+def test_forced_worker_processes_never_pickle_the_dataset(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Pickled in vain, its large arrays would be copied into shared memory
-    first, every epoch: it is tried once."""
+    """Forked with it, as torch's are: never pickled (in vain for this one,
+    whose large arrays would have been copied into shared memory first)."""
     tried = []
     check = _process.ProcessWorkers.check_picklable
 
@@ -2768,7 +2795,7 @@ def test_a_dataset_no_pickle_carries_is_not_pickled_again_each_epoch(
     )
     for _ in range(3):
         assert sorted(int(i) for batch in loader for i in batch["index"]) == list(range(16))
-    assert len(tried) == 1
+    assert tried == []
 
 
 class Counts(Dataset):
@@ -2804,13 +2831,58 @@ def test_a_loader_on_worker_processes_inside_a_worker_process() -> None:
     assert [int(batch) for batch in loader] == [6, 7]
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_forced_worker_processes_see_the_training_process_as_each_epoch_starts_as_torchs(
+    monkeypatch: pytest.MonkeyPatch, persistent: bool
+) -> None:
+    """torch forks its workers as each epoch starts: they see the module
+    globals the training process has then (set after the loader was built,
+    changed between epochs); persistent ones keep those of their start."""
+    import helpers
+
+    seen = {}
+    for loader_type, options in (
+        (tud.DataLoader, {}),
+        (minato.DataLoader, {"worker_method": "multiprocessing"}),
+    ):
+        monkeypatch.setattr(helpers, "PARENT_MARK", 0)
+        loader = loader_type(
+            helpers.MarkedByItsModule(),
+            batch_size=4,
+            num_workers=2,
+            persistent_workers=persistent,
+            **options,
+        )
+        marks = []
+        for mark in (1, 2):
+            monkeypatch.setattr(helpers, "PARENT_MARK", mark)
+            marks.append({sample[1] for batch in loader for sample in batch.tolist()})
+        seen[loader_type] = marks
+        del loader
+    assert seen[tud.DataLoader] == ([{1}, {1}] if persistent else [{1}, {2}])
+    assert seen[minato.DataLoader] == seen[tud.DataLoader]
+
+
+def _in_context(
+    loader_type: type, dataset: Any, context: str | None, given: bool, **options: Any
+) -> Any:
+    """A loader given `context` as it is built, or assigned it after."""
+    if given:
+        return loader_type(dataset, multiprocessing_context=context, **options)
+    loader = loader_type(dataset, **options)
+    loader.multiprocessing_context = context
+    return loader
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["given", "assigned"])
 @pytest.mark.parametrize("context", ["spawn", "forkserver", None])
 def test_forced_worker_processes_start_as_the_loaders_context_asks_as_torchs(
-    monkeypatch: pytest.MonkeyPatch, context: str | None
+    monkeypatch: pytest.MonkeyPatch, context: str | None, given: bool
 ) -> None:
     """ "spawn" and "forkserver": from a fresh interpreter, which sees none of
     what the training process changed (nor its CUDA context), and gets the
-    dataset pickled; the default: forked, which sees it all."""
+    dataset pickled; the default: forked, which sees it all. The same where
+    the context is assigned after the loader is built."""
     import helpers
 
     monkeypatch.setattr(helpers, "PARENT_MARK", 1)
@@ -2819,18 +2891,20 @@ def test_forced_worker_processes_start_as_the_loaders_context_asks_as_torchs(
         (tud.DataLoader, {}),
         (minato.DataLoader, {"worker_method": "multiprocessing"}),
     ):
-        loader = loader_type(
+        loader = _in_context(
+            loader_type,
             helpers.MarkedByItsModule(),
+            context,
+            given,
             batch_size=4,
             num_workers=2,
-            multiprocessing_context=context,
             **options,
         )
         samples = [sample.tolist() for batch in loader for sample in batch]
         assert os.getpid() not in {pid for _, _, pid in samples}
         seen[loader_type] = (sorted(i for i, _, _ in samples), {mark for _, mark, _ in samples})
-        locked = loader_type(
-            helpers.MarkedHoldingALock(), num_workers=2, multiprocessing_context=context, **options
+        locked = _in_context(
+            loader_type, helpers.MarkedHoldingALock(), context, given, num_workers=2, **options
         )
         try:
             seen[loader_type] += (len(list(locked)),)
@@ -2853,17 +2927,20 @@ def spawn_set() -> Any:
     multiprocessing.set_start_method(before, force=True)
 
 
-@pytest.mark.parametrize("asked", ["context", "start method"])
+@pytest.mark.parametrize("asked", ["context", "context assigned", "start method"])
 def test_auto_keeps_threads_where_worker_processes_are_asked_to_start_fresh(
     request: pytest.FixtureRequest, asked: str
 ) -> None:
     """Auto's processes are forked: a loader that asks for "spawn" (CUDA in
     its dataset, say) keeps threads, decided from the start."""
     options: dict[str, Any] = {"multiprocessing_context": "spawn"}
+    if asked != "context":
+        options = {}
     if asked == "start method":
         request.getfixturevalue("spawn_set")
-        options = {}
     loader = minato.DataLoader(PurePython(), batch_size=8, num_workers=2, **options)
+    if asked == "context assigned":
+        loader.multiprocessing_context = "spawn"
     assert indices(loader) == list(range(4000))
     stats = loader.stats()
     assert stats.worker_method == "thread"
@@ -2924,13 +3001,18 @@ def test_a_loaders_own_fork_server_keeps_only_the_users_descriptors(tmp_path: Pa
         persistent_workers=True,
     )
     assert len(list(held)) == 4
-    server = held._iterator._processes.own_zygote.process.pid
+    own = held._iterator._processes.own_zygote
+    server = own.process.pid
+    this_end = os.readlink(f"/proc/self/fd/{own.sock.fileno()}")
     links = []
     for entry in Path(f"/proc/{server}/fd").iterdir():
         with contextlib.suppress(OSError):
             links.append(os.readlink(entry))
     assert str(path) in links, links
     assert not [link for link in links if link.startswith("/memfd:minato-")], links
+    # Its end of its socket to this process, only: holding this process's
+    # end too, it would never see this process gone (kill -9).
+    assert this_end not in links, (this_end, links)
     del other
     assert wait_until(lambda: not other_pids & set(live_processes())), other_pids
     assert len(list(held)) == 4  # its own workers go on
@@ -3022,10 +3104,12 @@ def test_the_fork_server_runs_none_of_the_loaders_signal_handlers(
 
         signal.signal(signal.SIGTERM, checkpoint)
         loader = minato.DataLoader(
-            list(range(16)), batch_size=4, num_workers=2, worker_method="multiprocessing"
+            list(range(16)), batch_size=4, num_workers=2, worker_method="multiprocessing",
+            persistent_workers=True,
         )
         assert sorted(int(i) for batch in loader for i in batch) == list(range(16))
-        server = workers._the_zygote.process
+        # Forked: the loader's own server; a fresh interpreter: the shared one.
+        server = (loader._iterator._processes.own_zygote or workers._the_zygote).process
         os.kill(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
         print("served")

@@ -453,7 +453,8 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         method.restart_window()
         if method.decided and not method.wants_processes:
             return None
-        if method.wants_processes and method.fresh is None:
+        forced = method.requested == "multiprocessing"
+        if method.wants_processes and method.fresh is None and not forced:
             # Its workers start now: from a server that shares this
             # process's pages as they are (one that has come to hold those
             # let go since it was forked is forked again, see warm_up).
@@ -465,15 +466,16 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             hard_timeout=loader.sample_hard_timeout,
             per_task_switch=not loader.deals_in_turn(),
         )
-        if method.requested == "multiprocessing":
+        if forced:
             if method.fresh is not None:
                 # multiprocessing_context="spawn" (or "forkserver"): from a
                 # fresh interpreter, as torch's.
                 workers.start_fresh()
             else:
-                # A dataset that cannot be pickled (an open file, a lock) goes
-                # to its worker processes as torch's go: inherited as it is now.
-                workers.inherit_spec(loader.dataset)
+                # Forked from this process as it is now, as torch forks its
+                # workers at iter(): its module globals, its settings, the
+                # dataset unpickled (an open file, a lock included).
+                workers.inherit_spec()
         if method.decided_before and not method.processes:
             # An earlier loader's decision: the workers start on processes,
             # as forced ones do. Threads loading beside the starts slowed

@@ -9,12 +9,17 @@ stats, exactly-once resume, persistent workers. Exceptions keep their type,
 worker id and sample index; large tensors and arrays come back in shared
 memory (minato._process.ipc).
 
-Start: worker processes fork from minato's fork server
-(minato._process.zygote), started once per process when first wanted
-(``warm_up``): as a loader that will use processes is built, or as auto's
-measurements first point to processes (a loader that keeps threads never
-forks it), and forked again before a loader's worker processes start
-where it holds pages this process has since let go
+Start: worker processes fork from a fork server (minato._process.zygote).
+Forced worker processes (``worker_method="multiprocessing"``) get one of
+their engine's own, forked as the engine starts (each epoch, or once for
+persistent workers), as torch forks its workers at ``iter()``: they see the
+training process as it is then (its module globals, its process settings)
+and inherit the spec unpickled (``ProcessWorkers.inherit_spec``). Auto's
+come from this process's shared fork server, started once per process when
+first wanted (``warm_up``): as a loader that starts on processes is built,
+or as auto's measurements first point to processes (a loader that keeps
+threads never forks it), and forked again before a loader's worker
+processes start where it holds pages this process has since let go
 (``STALE_SERVER_BYTES``). The fork server is forked from this process, by the calling
 thread, with minato's worker threads held out of the user's code
 (minato._util.user_code), as torch forks its workers from it: it shares
@@ -25,12 +30,9 @@ collects what it inherited (``gc.freeze``). ``MINATO_FORK_SERVER=exec``
 starts it as a fresh interpreter instead (fork+exec: it imports torch and
 minato itself, about a second, and shares nothing). Either way a worker
 process then starts in milliseconds, and never runs ``__main__`` again.
-The dataset and the rest of the worker's spec are pickled once per engine
-and the same bytes sent to every worker process it starts (its tensors in
-shared memory, shared by all of them). A spec no pickle carries (an open
-file, a lock) goes to forced worker processes as torch's forked workers
-get it: the engine forks a fork server of its own holding it, as it starts
-(``ProcessWorkers.inherit_spec``). A loader that asks for "spawn" or
+From the shared server, the dataset and the rest of the worker's spec are
+pickled once per engine and the same bytes sent to every worker process it
+starts (its tensors in shared memory, shared by all of them). A loader that asks for "spawn" or
 "forkserver" gets a fresh interpreter of its engine's own as its fork
 server, as torch's workers start fresh (``ProcessWorkers.start_fresh``).
 
@@ -130,10 +132,14 @@ class _ForkedServer:
             os.kill(self.pid, signal.SIGKILL)
 
 
-def _fork_server(theirs: socket.socket, inheriting: Any = None) -> _ForkedServer:
+def _fork_server(
+    theirs: socket.socket, inheriting: Any = None, ours: socket.socket | None = None
+) -> _ForkedServer:
     """Forks this process into the fork server, serving `theirs`; or, given
-    the spec `inheriting` (one that cannot be pickled), into a loader's own
-    fork server holding it (see minato._process.zygote.inherited_spec)."""
+    the spec `inheriting`, into a loader's own fork server holding it (see
+    minato._process.zygote.inherited_spec). `ours`, this process's end of
+    the server's socket, is closed there: a server holding it would never
+    see this process gone."""
     keep = theirs.fileno()
     # What the server runs in its workers, imported here first: its objects
     # are then shared with the server, not made there on pages the server
@@ -153,7 +159,9 @@ def _fork_server(theirs: socket.socket, inheriting: Any = None) -> _ForkedServer
         # minato's own sockets, which a server keeping the user's
         # descriptors must not keep open: their peers would not see them
         # closed. (Read with every minato thread out of the user's code.)
-        ours = _own_sockets() if inheriting is not None else []
+        minatos = _own_sockets() if inheriting is not None else set()
+        if ours is not None:
+            minatos.add(ours.fileno())
         _zygote.inherited_spec = inheriting
         try:
             pid = os.fork()
@@ -189,7 +197,7 @@ def _fork_server(theirs: socket.socket, inheriting: Any = None) -> _ForkedServer
         else:
             # The spec's files stay open, as in torch's forked workers;
             # minato's own sockets and shared memory go.
-            _close_own_descriptors(ours)
+            _close_own_descriptors(minatos)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
@@ -265,7 +273,7 @@ class _Zygote:
         self.process: _ForkedServer | subprocess.Popen
         try:
             if inheriting is not None:
-                self.process = _fork_server(theirs, inheriting)
+                self.process = _fork_server(theirs, inheriting, ours)
             elif fresh or exec_server_wanted():
                 self.process = _exec_server(theirs)
             else:
@@ -584,26 +592,18 @@ class ProcessWorkers:
                 give_back_arrow_memory()
             return self._payload
 
-    def inherit_spec(self, dataset: Any) -> None:
-        """Where the spec cannot be pickled and the fork server is forked
-        (not a fresh interpreter): forks a fork server of this engine's own
-        now, from the calling thread, holding the spec as it is, which its
-        worker processes take from there, as torch's worker processes,
-        forked as each epoch starts, inherit the dataset (its open files,
-        locks and multiprocessing objects included). For forced worker
-        processes, as their engine starts on the training thread; auto
-        keeps threads for such a spec. `dataset` is the loader's (the spec
-        holds this engine's copy of it)."""
+    def inherit_spec(self) -> None:
+        """Where the fork server is forked (not a fresh interpreter): forks
+        a fork server of this engine's own now, from the calling thread,
+        holding this process as it is, which its worker processes start
+        from, as torch's worker processes are forked as each epoch starts:
+        they see the module globals and process settings the training
+        process has now, and take the spec from that server's memory,
+        unpickled (its open files, locks and multiprocessing objects
+        included). For forced worker processes, as their engine starts on
+        the training thread."""
         if exec_server_wanted():
             return
-        if _unpicklable.get(id(dataset)) is not dataset:
-            # Pickled in vain, a dataset's large arrays are copied into
-            # shared memory first (none inherited once this process has
-            # forked since its fork server): tried once per dataset.
-            if self.check_picklable() is None:
-                return
-            with contextlib.suppress(TypeError):  # no weak reference to it
-                _unpicklable[id(dataset)] = dataset
         self.own_server = "inherit"
         self.zygote()
         with self._lock:
@@ -756,8 +756,6 @@ class ProcessWorkers:
 
 
 _live: weakref.WeakSet[ProcessWorkers] = weakref.WeakSet()
-# Datasets found to be beyond pickling, by id (see `inherit_spec`).
-_unpicklable: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
 
 def stop_all() -> None:
