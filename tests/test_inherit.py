@@ -32,13 +32,27 @@ def firsts(loader):
     return [value for rows, _ in loader for value in rows.tolist()]
 
 dataset = Rows()
-loader = minato.DataLoader(dataset, batch_size=64, num_workers=2, worker_method="multiprocessing")
+loader = shared_server_loader(dataset, batch_size=64, num_workers=2)
+"""
+
+
+# Auto, started on processes by an earlier loader's decision: its workers
+# come from the shared fork server, forked as the loader is built, which
+# holds the arrays registered then. (Forced worker processes are forked
+# with their dataset as each epoch starts: nothing to take or copy.)
+SHARED_SERVER = """
+import minato as _minato
+from minato._process import method as _method
+
+def shared_server_loader(dataset, **options):
+    _method._decided_for[type(dataset)] = (True, "auto: decided for the test", True)
+    return _minato.DataLoader(dataset, **options)
 """
 
 
 def run(body: str, prelude: str = PRELUDE) -> str:
     result = subprocess.run(
-        [sys.executable, "-c", prelude + body],
+        [sys.executable, "-c", SHARED_SERVER + prelude + body],
         capture_output=True,
         text=True,
         timeout=100,
@@ -105,7 +119,7 @@ class Frozen(tud.Dataset):
 
 base = np.arange(1 << 18, dtype=np.int64)  # 2 MiB
 dataset = Frozen(base)
-loader = minato.DataLoader(dataset, batch_size=4, num_workers=2, worker_method="multiprocessing")
+loader = shared_server_loader(dataset, batch_size=4, num_workers=2)
 """
     out = run(
         """
@@ -165,7 +179,7 @@ print("ok")
 def test_arrays_made_after_the_fork_server_are_copied() -> None:
     out = run("""
 dataset.data = dataset.data + 1  # a new array, which the fork server never had
-later = minato.DataLoader(dataset, batch_size=64, num_workers=2, worker_method="multiprocessing")
+later = shared_server_loader(dataset, batch_size=64, num_workers=2)
 assert inherit.key_of(dataset.data) is None
 assert firsts(later) == [int(row[0]) + 0 for row in dataset.data]
 print("ok")
@@ -189,7 +203,7 @@ class Boxes(tud.Dataset):
         return self.boxes[index][0]
 
 dataset = Boxes()
-loader = minato.DataLoader(dataset, batch_size=4, num_workers=2, worker_method="multiprocessing")
+loader = shared_server_loader(dataset, batch_size=4, num_workers=2)
 """
     out = run(
         """
@@ -220,7 +234,7 @@ class Names(tud.Dataset):
         return self.names[index * 1000]
 
 dataset = Names(NAMES)
-loader = minato.DataLoader(dataset, batch_size=4, num_workers=2, worker_method="multiprocessing")
+loader = shared_server_loader(dataset, batch_size=4, num_workers=2)
 """
 
 
@@ -286,7 +300,7 @@ class Blobs(tud.Dataset):
         return self.images[index][0], len(self.images[index])
 
 blobs = Blobs()
-blob_loader = minato.DataLoader(blobs, batch_size=4, num_workers=2, worker_method="multiprocessing")
+blob_loader = shared_server_loader(blobs, batch_size=4, num_workers=2)
 assert len(ipc.dumps(blobs, inherit=True).data) < 10_000  # the list went by reference
 # What the loader sends: each worker's copy of the dataset, holding the same lists.
 from minato._thread.dataset import worker_dataset
@@ -323,7 +337,7 @@ class Blobs(tud.Dataset):
 
 blobs = Blobs()
 headers = [id(image) for image in blobs.images]  # read before the fork server is forked
-loader = minato.DataLoader(blobs, batch_size=50, num_workers=2, worker_method="multiprocessing")
+loader = shared_server_loader(blobs, batch_size=50, num_workers=2)
 firsts = [first for batch, _ in loader for first in batch.tolist()]
 assert firsts == [i % 251 for i in range(2000)]
 
@@ -448,7 +462,7 @@ def rows(loader):
     return [(path, int(label)) for paths, labels in loader for path, label in zip(paths, labels)]
 
 dataset = Table()
-loader = minato.DataLoader(dataset, batch_size=32, num_workers=2, worker_method="multiprocessing")
+loader = shared_server_loader(dataset, batch_size=32, num_workers=2)
 expected = rows(tud.DataLoader(dataset, batch_size=32))
 """
 

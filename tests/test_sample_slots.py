@@ -26,6 +26,7 @@ import minato
 from minato._minato import SlotMap as SlotLeases
 from minato._minato import SlotRing
 from minato._process import ipc as _ipc
+from minato._process import method as _worker_method
 from minato._process import workers as _process_workers
 
 # As rust/wire/slots.rs sets them.
@@ -246,7 +247,13 @@ def test_process_workers_deliver_torchs_batches_through_their_rings(
         return list(loader)
 
     theirs = epoch(tud.DataLoader)
-    ours = epoch(minato.DataLoader, worker_method="multiprocessing")
+    # Auto, on processes from an earlier decision: its workers come from the
+    # shared fork server, forked before the patches (a forced loader's own
+    # server, forked as its epoch starts, would take them to its workers).
+    monkeypatch.setitem(
+        _worker_method._decided_for, Images, (True, "auto: decided for the test", True)
+    )
+    ours = epoch(minato.DataLoader)
     assert len(ours) == len(theirs)
     if keep_samples:
         # Samples move between batches (sample-level batches): compare sets.
