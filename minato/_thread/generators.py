@@ -199,16 +199,16 @@ def _dispatching(
     compiling = torch.compiler.is_compiling
 
     def method(*args: Any, **kwargs: Any) -> Any:
+        generators = _thread.generators
+        if generators is not None:
+            return getattr(pick(generators), name)(*args, **kwargs)
         if compiling():
             # torch.compile tracing the training loop's code: the shared
             # generator, reached as a method of its object, which dynamo
             # models as it models torch's own random.random; the pre-bound
             # builtin it refuses (fullgraph=True would fail).
             return getattr(shared, name)(*args, **kwargs)
-        generators = _thread.generators
-        if generators is None:
-            return shared_method(*args, **kwargs)
-        return getattr(pick(generators), name)(*args, **kwargs)
+        return shared_method(*args, **kwargs)
 
     method.__name__ = name
     method.__qualname__ = name
