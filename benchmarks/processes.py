@@ -10,8 +10,10 @@ the figures that matter are the ratios.
   server included) is paid. torch's DataLoader; minato's defaults
   (``worker_method="auto"``); minato forced to processes; minato on threads.
 - first batch: from ``iter()`` to the first batch, with worker processes:
-  torch (fork) and minato (``worker_method="multiprocessing"``, its fork
-  server already up; the cold start is measured in a fresh interpreter).
+  torch (fork) and minato (``worker_method="multiprocessing"``: a fork
+  server of the iterator's own, forked from this process at ``iter()``), in
+  this process, which ran loaders before; and minato's from construction in
+  a fresh interpreter.
 - memory: the peak proportional set size (PSS: shared pages counted once in
   all) of the whole process tree during an epoch over a dataset holding a
   256 MB array, at 2 and 8 workers.
@@ -138,7 +140,7 @@ print(time.perf_counter() - start)
 
 
 def cold_first_batch_seconds(workers: int) -> float:
-    """In a fresh interpreter: the fork server's start (torch's import) included."""
+    """In a fresh interpreter, from the loader's construction."""
     out = subprocess.run(
         [sys.executable, "-c", _COLD.format(workers=workers)],
         capture_output=True,
@@ -248,8 +250,8 @@ def first_batch_section(args: argparse.Namespace) -> None:
         cold = cold_first_batch_seconds(workers)
         print(
             f"  {workers:>2} workers: torch {first['torch'] * 1e3:7.1f}   minato "
-            f"{first['minato processes'] * 1e3:6.1f} (fork server up)   "
-            f"{cold * 1e3:7.1f} (fresh interpreter, fork server started by the loader)"
+            f"{first['minato processes'] * 1e3:6.1f} (this process)   "
+            f"{cold * 1e3:7.1f} (fresh interpreter, from construction)"
         )
 
 

@@ -123,7 +123,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     "forkserver" one (or one set as multiprocessing's start method, see the
     README) starts worker processes from a fresh interpreter, as torch's: auto then
     keeps threads (its processes are forked), and forced ones come from a
-    fresh interpreter of the iterator's own. Each worker thread has what a worker
+    fresh interpreter of the iterator's own (set as the loader is built or
+    assigned later). Otherwise forced worker processes are forked from the
+    training process as each epoch starts, as torch's. Each worker thread has what a worker
     process would have of its own: a copy of the dataset that shares its
     data (``WorkerInfo.dataset``, what ``__getitem__``/``__iter__`` run on),
     and the process-wide ``random``, numpy (legacy) and torch generators,
