@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import copy
 import multiprocessing
+import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 import warnings
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy
@@ -604,3 +608,74 @@ def test_a_handler_function_needs_a_worker_process_and_says_so() -> None:
     torchs = list(tud.DataLoader(AlarmHandled(), **options))
     ours = list(minato.DataLoader(AlarmHandled(), worker_method="multiprocessing", **options))
     assert ours == torchs == [True] * 8
+
+
+# ------------------------------------------- a worker silencing its output
+
+SILENCING = """
+import os, sys, torch.utils.data as tud
+import minato
+
+class Quiet(tud.Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, index):
+        return index
+
+def silence(worker_id):
+    # A recipe: no worker output at all, Python's or a library's.
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    sys.stdout = open(os.devnull, "w")
+    sys.stderr = open(os.devnull, "w")
+
+loader_type = tud.DataLoader if sys.argv[1] == "torch" else minato.DataLoader
+loaded = [int(i) for batch in loader_type(
+    Quiet(), batch_size=4, num_workers=2, worker_init_fn=silence) for i in batch]
+print("loop", loaded)
+print("loop's error output", file=sys.stderr)
+os.write(1, b"loop's descriptor 1\\n")
+"""
+
+
+def test_a_worker_silencing_itself_leaves_the_training_process_its_output(
+    tmp_path: Path,
+) -> None:
+    """What a worker process redirects is its own: in a worker thread it is
+    put back (one warning says so), and the loop's output still shows."""
+    outputs = {}
+    for which in ("torch", "minato"):
+        run = subprocess.run(
+            [sys.executable, "-c", SILENCING, which],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,  # the installed minato, not the checkout's sources
+        )
+        assert run.returncode == 0, run.stderr
+        outputs[which] = run
+    for run in outputs.values():
+        assert run.stdout.splitlines()[-2:] == [
+            "loop [0, 1, 2, 3, 4, 5, 6, 7]",
+            "loop's descriptor 1",
+        ]
+        assert "loop's error output" in run.stderr
+    assert "put back" in outputs["minato"].stderr
+
+
+def test_a_worker_changing_the_working_directory_is_warned_of(tmp_path: Path) -> None:
+    before = os.getcwd()
+
+    def move(worker_id: int) -> None:
+        os.chdir(tmp_path)
+
+    try:
+        with pytest.warns(UserWarning, match="working directory"):
+            list(
+                minato.DataLoader(
+                    SigintDisposition(), batch_size=None, num_workers=1, worker_init_fn=move
+                )
+            )
+    finally:
+        os.chdir(before)

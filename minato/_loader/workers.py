@@ -19,6 +19,7 @@ from minato._task.runner import WorkerSpec, make_runner
 from minato._task.seed import SampleRun
 from minato._thread.dataset import bound_to_copies, worker_dataset
 from minato._thread.generators import ThreadGenerator, bind_thread_rng
+from minato._thread.process_state import ProcessOutput
 from minato._thread.torch_threads import limit_thread_intra_op
 from minato._thread.worker_info import set_thread_worker_info
 
@@ -30,7 +31,7 @@ def worker_factory(
 
     Its `run(epoch, (tag, index))` loads one batch (the index list torch's
     batch sampler gave) and returns ``(tag, (sample count, collated batch,
-    skipped failures))`` (the batch None when every sample was skipped; for
+    skipped failures))`` (the batch NOTHING_LOADED when every sample was skipped; for
     an iterable dataset `run(epoch, index)` returns ``(worker id, ...)`` or
     EXHAUSTED), or, with `samples`, loads a run of single samples
     ``[(tag, index), ...]`` and returns them uncollated, ``[(tag, sample),
@@ -40,6 +41,10 @@ def worker_factory(
     own (see minato._process.workers) when the loader runs on processes; otherwise
     it runs them itself.
     """
+
+    # Captured here, on the training thread: what a worker thread's
+    # worker_init_fn redirects is put back to it.
+    output = ProcessOutput() if spec.worker_init_fn is not None else None
 
     def make_worker(worker_id: int) -> Callable[[int, Any], Any]:
         run = make_thread_runner(worker_id)
@@ -51,7 +56,7 @@ def worker_factory(
         if processes is not None and processes.forced:
             # Never on this thread: no copy, no worker_init_fn here.
             return processes.runner(worker_id, samples, None)
-        own_spec, own_generator, begin_run = _isolate_thread(spec, worker_id)
+        own_spec, own_generator, begin_run = _isolate_thread(spec, worker_id, output)
         run = make_runner(
             own_spec,
             own_spec.dataset,
@@ -108,20 +113,23 @@ class WorkerIds:
 
 
 def _isolate_thread(
-    spec: WorkerSpec, worker_id: int
+    spec: WorkerSpec, worker_id: int, output: ProcessOutput | None = None
 ) -> tuple[WorkerSpec, Any, Callable[[SampleRun | None], None]]:
     """What a worker process would have of its own, for this thread: the
     dataset (a copy that shares the data; a ``worker_init_fn`` that is one
-    of its methods bound to the copy), one intra-op thread, and the
-    process-wide generators, seeded as torch seeds them; its torch generator
-    is also thread_safe_generator(). Returns the spec with the thread's own
-    dataset, the context that hands torch's random functions the thread's
-    generator, and what seeds the thread's generators for one sample."""
+    of its methods bound to the copy, and after which the training
+    process's output redirected is put back to `output`), one intra-op
+    thread, and the process-wide generators, seeded as torch seeds them;
+    its torch generator is also thread_safe_generator(). Returns the spec
+    with the thread's own dataset, the context that hands torch's random
+    functions the thread's generator, and what seeds the thread's
+    generators for one sample."""
     copies: dict[int, Any] = {}
     dataset = worker_dataset(spec.dataset, copies)
-    spec = dataclasses.replace(
-        spec, dataset=dataset, worker_init_fn=bound_to_copies(spec.worker_init_fn, copies)
-    )
+    init = bound_to_copies(spec.worker_init_fn, copies)
+    if output is not None:
+        init = output.keeping(init)
+    spec = dataclasses.replace(spec, dataset=dataset, worker_init_fn=init)
     generators = bind_thread_rng(spec.base_seed, worker_id)
     limit_thread_intra_op(1)
     info = _torch_worker.WorkerInfo(
