@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 import torch.utils.data as tud
 
@@ -101,6 +102,19 @@ def compare_with_torch(
     for i, (x, y) in enumerate(zip(got, expected, strict=True)):
         assert_same(x, y, f"batch {i}")
     return got
+
+
+# torch's worker processes, minato's worker threads and minato's worker
+# processes, side by side: a test's `loader_type(dataset, **options, ...)`.
+EVERY_WORKER_KIND = pytest.mark.parametrize(
+    "loader_type, options",
+    [
+        (tud.DataLoader, {}),
+        (minato.DataLoader, {"worker_method": "thread"}),
+        (minato.DataLoader, {"worker_method": "multiprocessing"}),
+    ],
+    ids=["torch", "minato-threads", "minato-processes"],
+)
 
 
 # Datasets, at module level so torch's worker processes can use them too.

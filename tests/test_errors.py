@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ast
 import inspect
+import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -274,31 +276,51 @@ def exit_at_start(worker_id: int) -> None:
     sys.exit(3)
 
 
-@pytest.mark.parametrize(
-    "loader_type, options",
-    [
-        (tud.DataLoader, {}),
-        (minato.DataLoader, {"worker_method": "thread"}),
-        (minato.DataLoader, {"worker_method": "multiprocessing"}),
-    ],
-    ids=["torch", "minato-threads", "minato-processes"],
-)
+def _exiting_loader(loader_type: type, where: str, **options: Any) -> Any:
+    if where == "dataset":
+        return loader_type(ExitsAt(8), batch_size=4, num_workers=1, **options)
+    return loader_type(
+        RangeDataset(8), batch_size=4, num_workers=1, worker_init_fn=exit_at_start, **options
+    )
+
+
+@pytest.mark.parametrize("worker_method", ["thread", "multiprocessing"])
 @pytest.mark.parametrize("where", ["dataset", "worker_init_fn"])
 def test_sys_exit_in_a_worker_raises_runtimeerror_as_torchs_exiting_worker_does(
-    loader_type: type, options: dict[str, Any], where: str
+    worker_method: str, where: str
 ) -> None:
     """sys.exit() in a worker ends torch's worker process, and its loader
-    raises RuntimeError: minato's raises the same, naming the SystemExit,
-    and does not end the training process (as re-raising it would)."""
-    if where == "dataset":
-        loader = loader_type(ExitsAt(8), batch_size=4, num_workers=1, **options)
-    else:
-        loader = loader_type(
-            RangeDataset(8), batch_size=4, num_workers=1, worker_init_fn=exit_at_start, **options
-        )
+    raises RuntimeError (test_torchs_exiting_worker_fails_its_epoch):
+    minato's raises the same, naming the SystemExit, and does not end the
+    training process (as re-raising it would)."""
+    loader = _exiting_loader(minato.DataLoader, where, worker_method=worker_method)
     with pytest.raises(RuntimeError, match="exited unexpectedly") as caught:
         list(loader)
     message = str(caught.value)
     del caught, loader  # the traceback holds the iterator and its threads
-    if loader_type is minato.DataLoader:
-        assert "SystemExit(3)" in message
+    assert "SystemExit(3)" in message
+
+
+@pytest.mark.parametrize("where", ["dataset", "worker_init_fn"])
+def test_torchs_exiting_worker_fails_its_epoch(tmp_path: Path, where: str) -> None:
+    """torch's side, in a process of its own: its SIGCHLD handler raises
+    RuntimeError wherever the main thread is when the worker's exit is
+    noticed, unless the batch the worker was sending as it exited fails to
+    arrive first (ConnectionResetError, EOFError): the epoch fails."""
+    program = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "import torch.utils.data as tud\n"
+        "from test_errors import _exiting_loader\n"
+        "try:\n"
+        "    list(_exiting_loader(tud.DataLoader, sys.argv[2]))\n"
+        "except RuntimeError as error:\n"
+        "    print('RuntimeError:', error)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", program, str(Path(__file__).parent), where],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,  # the installed minato, not the checkout's sources
+    )
+    assert run.returncode != 0 or "exited unexpectedly" in run.stdout, run.stdout + run.stderr

@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils.data as tud
+from helpers import EVERY_WORKER_KIND
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -522,15 +523,7 @@ def ignore_sigint(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-@pytest.mark.parametrize(
-    "loader_type, options",
-    [
-        (tud.DataLoader, {}),
-        (minato.DataLoader, {"worker_method": "thread"}),
-        (minato.DataLoader, {"worker_method": "multiprocessing"}),
-    ],
-    ids=["torch", "minato-threads", "minato-processes"],
-)
+@EVERY_WORKER_KIND
 def test_a_worker_ignoring_sigint_keeps_that_to_itself_as_torchs_do(
     loader_type: type, options: dict[str, Any]
 ) -> None:
