@@ -16,8 +16,9 @@ child runs ``minato._process.child.main`` on it, and the zygote answers
 the child's pid. The zygote leaves when the loader's end closes, once its
 workers still exiting are gone (so that none is orphaned to init).
 
-An engine whose workers' spec cannot be pickled forks a zygote of its own
-holding it (``inherited_spec``), and its workers take the spec from there.
+An engine of forced worker processes forks a zygote of its own as it
+starts, holding its spec (``inherited_spec``), as torch forks its workers
+at ``iter()``; its workers take the spec from there, never pickled.
 
 A loader also sends the modules its dataset's pickle names (torchvision's
 transforms, the user's own package...), once: the zygote imports them, so
