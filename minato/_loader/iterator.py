@@ -35,7 +35,7 @@ from minato._loader.whole_batches import (
     stalls,
     whole_pool_start,
 )
-from minato._loader.workers import WorkerIds, collate_thread_info, worker_factory
+from minato._loader.workers import WorkerIds, worker_factory
 from minato._minato import (
     ArenaPool,
     Engine,
@@ -939,7 +939,6 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
                 base_seed=int(self._base_seed),
                 opens_samples=opens_samples,
                 epoch_seed=self._collated_epoch,
-                worker_info=lambda: collate_thread_info(spec, self._method.processes),
             ),
             # A cheap batch of torch's default_collate may be collated here:
             # the collate thread's GIL hand-over would cost this thread more.

@@ -142,18 +142,3 @@ def _isolate_thread(
     )
     set_thread_worker_info(info)
     return spec, ThreadGenerator(generators), generators.begin_run
-
-
-def collate_thread_info(spec: WorkerSpec, processes: bool) -> Any:
-    """What ``get_worker_info()`` answers on the loader's collate thread
-    (minato._loader.collate_stage): torch's collate_fn runs in a worker
-    process, where it is that worker's; here worker 0's, over the dataset
-    the workers copied."""
-    return _torch_worker.WorkerInfo(
-        id=0,
-        num_workers=spec.num_workers,
-        seed=spec.base_seed,
-        dataset=spec.dataset,
-        rng=None,
-        worker_method="multiprocessing" if processes else "thread",
-    )
