@@ -43,8 +43,11 @@ def worker_factory(
     """
 
     # Captured here, on the training thread: what a worker thread's
-    # worker_init_fn redirects is put back to it.
-    output = ProcessOutput() if spec.worker_init_fn is not None else None
+    # worker_init_fn redirects is put back to it. Forced worker processes
+    # run it in processes of their own: nothing to capture (nor descriptors
+    # to copy into the next epoch's fork server).
+    on_threads = processes is None or not processes.forced
+    output = ProcessOutput() if spec.worker_init_fn is not None and on_threads else None
 
     def make_worker(worker_id: int) -> Callable[[int, Any], Any]:
         run = make_thread_runner(worker_id)
