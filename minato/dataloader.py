@@ -23,7 +23,7 @@ from minato._loader.resume import LoaderProgress
 from minato._loader.stats import LoaderStats, StatsRecorder
 from minato._loader.whole_batches import WholeBatchChoice
 from minato._process.method import WorkerMethod, check_worker_method, fresh_start_method
-from minato._process.workers import exec_server_wanted, warm_up
+from minato._process.workers import exec_server_wanted, forked_at_start, warm_up
 from minato._task.failures import check_failure_options
 from minato._util.priority import DEFAULT_WORKER_NICE, check_worker_nice
 
@@ -311,12 +311,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._last_state_taken = 0
         self._rebuilt_as: weakref.ref[DataLoader[Any]] | None = None
         method = self._worker_method
-        forked_at_start = method.requested == "multiprocessing" and not exec_server_wanted()
         if (
             num_workers > 0
             and method.uses_fork_server
             and (method.wants_processes or exec_server_wanted())
-            and not forked_at_start
+            and not forked_at_start(method)
         ):
             # The shared fork server, forked from this process now, while no
             # worker of this loader runs: ready before the first samples

@@ -46,6 +46,7 @@ from minato._process.method import WorkerMethod
 from minato._process.workers import (
     ProcessWorkers,
     fork_server_ready,
+    forked_at_start,
     release_fork_server,
     stop_all,
     warm_up,
@@ -453,8 +454,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         method.restart_window()
         if method.decided and not method.wants_processes:
             return None
-        forced = method.requested == "multiprocessing"
-        if method.wants_processes and method.fresh is None and not forced:
+        if method.wants_processes and method.fresh is None and not forked_at_start(method):
             # Its workers start now: from a server that shares this
             # process's pages as they are (one that has come to hold those
             # let go since it was forked is forked again, see warm_up).
@@ -466,7 +466,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             hard_timeout=loader.sample_hard_timeout,
             per_task_switch=not loader.deals_in_turn(),
         )
-        if forced:
+        if method.requested == "multiprocessing":
             if method.fresh is not None:
                 # multiprocessing_context="spawn" (or "forkserver"): from a
                 # fresh interpreter, as torch's.

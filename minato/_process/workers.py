@@ -248,6 +248,15 @@ def exec_server_wanted() -> bool:
     return os.environ.get("MINATO_FORK_SERVER") == "exec"
 
 
+def forked_at_start(method: WorkerMethod) -> bool:
+    """Whether the loader's worker processes are forced and forked from
+    this process as each engine starts, from a server of the engine's own
+    (``ProcessWorkers.inherit_spec``), not from the shared one."""
+    return (
+        method.requested == "multiprocessing" and method.fresh is None and not exec_server_wanted()
+    )
+
+
 def _exec_server(theirs: socket.socket) -> subprocess.Popen:
     """Starts the fork server as a fresh interpreter, serving `theirs`."""
     code = (
