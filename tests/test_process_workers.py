@@ -387,6 +387,19 @@ def test_no_worker_process_outlives_break_exception_or_collection() -> None:
     for _ in zip(range(3), loader, strict=False):
         pass  # break mid-epoch
     assert wait_until(lambda: not workers_of_this_process())
+    # A user's collate_fn over shuffled samples runs on the collate thread,
+    # which the engine holds: nothing it is given may hold the iterator.
+    collated = minato.DataLoader(
+        Sleeps(),
+        batch_size=2,
+        num_workers=2,
+        shuffle=True,
+        collate_fn=list,
+        worker_method="multiprocessing",
+    )
+    for _ in zip(range(3), collated, strict=False):
+        pass
+    assert wait_until(lambda: not workers_of_this_process())
     persistent = minato.DataLoader(
         Sleeps(),
         batch_size=2,

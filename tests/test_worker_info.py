@@ -8,10 +8,12 @@ import threading
 import types
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 import torch.utils.data as tud
+from helpers import EVERY_WORKER_KIND, RangeDataset
 from torch.utils.data._utils import worker as torch_worker
 
 import minato
@@ -245,3 +247,28 @@ def test_installing_again_changes_nothing() -> None:
     assert get_worker_info.__code__ is code
     assert tud.get_worker_info is get_worker_info
     assert tud.get_worker_info() is None
+
+
+def collate_seeing_worker_info(samples: list[int]) -> tuple[Any, list[int]]:
+    info = tud.get_worker_info()
+    seen = None if info is None else (info.num_workers, type(info.dataset).__name__)
+    return seen, samples
+
+
+@EVERY_WORKER_KIND
+def test_a_collate_fn_sees_a_worker_info_wherever_it_runs(
+    loader_type: type, options: dict[str, Any]
+) -> None:
+    """torch's collate_fn runs in a worker process: get_worker_info() is
+    never None there. minato's collates on a worker thread, or on its
+    collate thread (worker processes' samples, shuffled): the same answer."""
+    loader = loader_type(
+        RangeDataset(16),
+        batch_size=4,
+        shuffle=True,
+        num_workers=2,
+        collate_fn=collate_seeing_worker_info,
+        **options,
+    )
+    seen = [info for info, _ in loader]
+    assert seen == [(2, "RangeDataset")] * 4

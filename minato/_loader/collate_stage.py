@@ -34,6 +34,7 @@ from minato._task.error import WorkerError
 from minato._task.seed import SampleRun, collate_run
 from minato._thread.generators import ThreadGenerator, bound_to, worker_rng_generators
 from minato._thread.torch_threads import limit_thread_intra_op
+from minato._thread.worker_info import set_thread_worker_info, thread_worker_info
 from minato._util.user_code import IN_USER_CODE
 
 # The collating generators are made as a worker with this id would have
@@ -106,6 +107,7 @@ def sample_collator(
     own_thread: bool = True,
     opens_samples: bool = False,
     epoch_seed: EpochSeed | None = None,
+    worker_info: Callable[[], Any] | None = None,
 ) -> Callable[
     [list[int], list[Any], ExceptionWrapper | None],
     tuple[list[int], int, Any, BaseException | None],
@@ -125,7 +127,12 @@ def sample_collator(
 
     `opens_samples`: samples from worker processes may arrive still pickled
     (a user's collate_fn's: minato._process.ipc.DeferredSample), and are
-    made here, not on the worker threads that received them."""
+    made here, not on the worker threads that received them.
+
+    `worker_info`: what ``get_worker_info()`` answers on the loader's
+    collate thread, which is no worker's (a worker thread answers its own):
+    in torch the collate_fn runs in a worker process, where it is never
+    None."""
     local = threading.local()
 
     def generator() -> ThreadGenerator:
@@ -161,6 +168,8 @@ def sample_collator(
             # One intra-op thread, as torch's workers (which collate) and its
             # pin-memory thread have: not a team spinning beside the workers.
             limit_thread_intra_op(1)
+            if worker_info is not None and thread_worker_info() is None:
+                set_thread_worker_info(worker_info())
             local.limited = True
         if error is not None:
             return tags, 0, Failure(error), None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import time
 import weakref
@@ -35,7 +36,7 @@ from minato._loader.whole_batches import (
     stalls,
     whole_pool_start,
 )
-from minato._loader.workers import WorkerIds, worker_factory
+from minato._loader.workers import WorkerIds, collate_thread_info, worker_factory
 from minato._minato import (
     ArenaPool,
     Engine,
@@ -939,6 +940,9 @@ class _SampleDataLoaderIter(_ThreadDataLoaderIter):
                 base_seed=int(self._base_seed),
                 opens_samples=opens_samples,
                 epoch_seed=self._collated_epoch,
+                # Never a closure over this iterator: the engine holds the
+                # collator, and a cycle through it is never collected.
+                worker_info=functools.partial(collate_thread_info, spec, self._method),
             ),
             # A cheap batch of torch's default_collate may be collated here:
             # the collate thread's GIL hand-over would cost this thread more.

@@ -14,6 +14,7 @@ from typing import Any
 from torch.utils.data._utils import worker as _torch_worker
 
 from minato._loader.collate_stage import pinning
+from minato._process.method import WorkerMethod
 from minato._process.workers import ProcessWorkers
 from minato._task.runner import WorkerSpec, make_runner
 from minato._task.seed import SampleRun
@@ -145,3 +146,18 @@ def _isolate_thread(
     )
     set_thread_worker_info(info)
     return spec, ThreadGenerator(generators), generators.begin_run
+
+
+def collate_thread_info(spec: WorkerSpec, method: WorkerMethod) -> Any:
+    """What ``get_worker_info()`` answers on the loader's collate thread
+    (minato._loader.collate_stage): torch's collate_fn runs in a worker
+    process, where it is that worker's; here worker 0's, over the dataset
+    the workers copied."""
+    return _torch_worker.WorkerInfo(
+        id=0,
+        num_workers=spec.num_workers,
+        seed=spec.base_seed,
+        dataset=spec.dataset,
+        rng=None,
+        worker_method="multiprocessing" if method.processes else "thread",
+    )
