@@ -208,13 +208,39 @@ def processes_marked(mark: str) -> list[int]:
     return [pid for pid, entry in live_processes().items() if needle in _environ(entry)]
 
 
+def fork_servers() -> set[int]:
+    """The fork servers this process runs: the shared one, and the fresh
+    interpreters of loaders whose context is "spawn"."""
+    zygotes = [_process._the_zygote] + [each.own_zygote for each in list(_process._live)]
+    return {zygote.process.pid for zygote in zygotes if zygote is not None}
+
+
+def _command(entry: Path) -> bytes:
+    try:
+        return (entry / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def workers_of_this_process() -> list[int]:
-    """Live worker processes started for this process: the children of its
-    fork servers (the shared one, and those of forced loaders' own), which
-    are its children."""
+    """Live worker processes started for this process: its children forked
+    from it that are no fork server (forced loaders' workers; not
+    multiprocessing's resource tracker or fork server, which run a command
+    of their own), and the children of its children (the fork servers'
+    workers)."""
     live = live_processes()
-    servers = {pid for pid, entry in live.items() if _parent(entry) == os.getpid()}
-    return [pid for pid, entry in live.items() if _parent(entry) in servers]
+    children = {pid for pid, entry in live.items() if _parent(entry) == os.getpid()}
+    servers = fork_servers()
+    ours = _command(Path("/proc/self"))
+
+    def forked_worker(pid: int, entry: Path) -> bool:
+        return pid in children and pid not in servers and _command(entry) == ours
+
+    return [
+        pid
+        for pid, entry in live.items()
+        if forked_worker(pid, entry) or _parent(entry) in children
+    ]
 
 
 def wait_until(condition, within_s: float = 10.0) -> bool:
@@ -2993,9 +3019,19 @@ def test_forced_worker_processes_stream_an_iterable_dataset_no_pickle_carries(
     assert delivered[minato.DataLoader] == delivered[tud.DataLoader]
 
 
-def test_a_loaders_own_fork_server_keeps_only_the_users_descriptors(tmp_path: Path) -> None:
-    """It keeps the dataset's open files, not minato's sockets and shared
-    memory: another loader's workers still leave when that loader goes."""
+def _descriptor_links(pid: int | str) -> list[str]:
+    links = []
+    for entry in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            links.append(os.readlink(entry))
+    return links
+
+
+def test_forced_worker_processes_keep_only_the_users_descriptors(tmp_path: Path) -> None:
+    """Forked from the training process, as torch's, they keep the dataset's
+    open files, not minato's sockets: another loader's workers still leave
+    when that loader goes, and none holds this process's end of a socket
+    (it would never see this process gone, kill -9)."""
     path = tmp_path / "bytes"
     path.write_bytes(bytes(range(100, 116)))
     other = minato.DataLoader(
@@ -3013,19 +3049,14 @@ def test_a_loaders_own_fork_server_keeps_only_the_users_descriptors(tmp_path: Pa
         worker_method="multiprocessing",
         persistent_workers=True,
     )
-    assert len(list(held)) == 4
-    own = held._iterator._processes.own_zygote
-    server = own.process.pid
-    this_end = os.readlink(f"/proc/self/fd/{own.sock.fileno()}")
-    links = []
-    for entry in Path(f"/proc/{server}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            links.append(os.readlink(entry))
-    assert str(path) in links, links
-    assert not [link for link in links if link.startswith("/memfd:minato-")], links
-    # Its end of its socket to this process, only: holding this process's
-    # end too, it would never see this process gone (kill -9).
-    assert this_end not in links, (this_end, links)
+    pids = {int(pid) for batch in held for pid in batch["pid"]}
+    assert pids and not pids & other_pids
+    ours = {link for link in _descriptor_links("self") if link.startswith("socket:")}
+    for pid in pids:
+        assert _parent(Path(f"/proc/{pid}")) == os.getpid()  # no server between
+        links = _descriptor_links(pid)
+        assert str(path) in links, links
+        assert not ours & set(links), (ours & set(links), links)
     del other
     assert wait_until(lambda: not other_pids & set(live_processes())), other_pids
     assert len(list(held)) == 4  # its own workers go on
@@ -3100,12 +3131,13 @@ def test_a_dataset_that_computes_without_the_gil_tries_processes_in_its_first_ep
 
 
 @pytest.mark.parametrize("server", ["fork", "exec"])
-def test_the_fork_server_runs_none_of_the_loaders_signal_handlers(
+def test_worker_processes_and_the_fork_server_run_none_of_the_loaders_signal_handlers(
     tmp_path: Path, server: str
 ) -> None:
-    # Forked from the loader's process, it must not run a trainer's SIGTERM
-    # handler (a checkpoint, say); started fresh (MINATO_FORK_SERVER=exec),
-    # it never had one. Either way its workers load the data.
+    # Forked from the loader's process, a worker must not run a trainer's
+    # SIGTERM handler (a checkpoint, say); started fresh
+    # (MINATO_FORK_SERVER=exec), the fork server never had one. Either way
+    # the workers load the data.
     script = textwrap.dedent("""
         import os, signal, sys
         import minato
@@ -3121,10 +3153,16 @@ def test_the_fork_server_runs_none_of_the_loaders_signal_handlers(
             persistent_workers=True,
         )
         assert sorted(int(i) for batch in loader for i in batch) == list(range(16))
-        # Forked: the loader's own server; a fresh interpreter: the shared one.
-        server = (loader._iterator._processes.own_zygote or workers._the_zygote).process
-        os.kill(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        processes = loader._iterator._processes
+        if processes.own_server == "inherit":  # forked from here, as torch's
+            pid = next(iter(processes._processes)).pid
+            os.kill(pid, signal.SIGTERM)
+            _, status = os.waitpid(pid, 0)
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+        else:  # from the shared server, a fresh interpreter
+            server = workers._the_zygote.process
+            os.kill(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
         print("served")
         """)
     ran = tmp_path / "handler_ran"

@@ -476,7 +476,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
                 # Forked from this process as it is now, as torch forks its
                 # workers at iter(): its module globals, its settings, the
                 # dataset unpickled (an open file, a lock included).
-                workers.inherit_spec()
+                workers.inherit_spec(self._starting_workers(loader))
         if method.decided_before and not method.processes:
             # An earlier loader's decision: the workers start on processes,
             # as forced ones do. Threads loading beside the starts slowed

@@ -22,9 +22,10 @@ import random
 import select
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch._utils import ExceptionWrapper
@@ -37,6 +38,26 @@ from minato._task.seed import SampleRun, seed_process
 from minato._thread.generators import set_process_initial_seed
 from minato._thread.worker_info import set_thread_worker_info
 from minato._util.priority import lower_process_priority
+
+# The spec of a worker process forked from the training process holding it
+# (minato._process.workers, forced worker processes), as torch's workers
+# forked at ``iter()`` hold their dataset: taken from here, never pickled
+# (an open file, a lock, a multiprocessing object made in the 'fork'
+# context included).
+inherited_spec: Any = None
+
+
+def _inherited() -> Any:
+    if inherited_spec is None:
+        raise RuntimeError("minato: this worker process holds no inherited spec")
+    return inherited_spec
+
+
+class InheritedSpec:
+    """Pickles as a reference to the spec the receiving process inherited."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _inherited, ()
 
 
 class _StreamSkip:
@@ -143,6 +164,23 @@ def main(sock: socket.socket) -> None:
         # Sent: not held while the next task runs (its samples would stay
         # alive beside the next run's).
         del output
+
+
+def run(fd: int) -> NoReturn:
+    """A forked worker process's whole life: `main` on the socket `fd`,
+    then its exit (1 if `main` raised, its traceback printed)."""
+    code = 0
+    try:
+        main(socket.socket(fileno=fd))
+    except BaseException:
+        code = 1
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _deferred(output: list[Any]) -> list[Any]:

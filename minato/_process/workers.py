@@ -9,14 +9,15 @@ stats, exactly-once resume, persistent workers. Exceptions keep their type,
 worker id and sample index; large tensors and arrays come back in shared
 memory (minato._process.ipc).
 
-Start: worker processes fork from a fork server (minato._process.zygote).
-Forced worker processes (``worker_method="multiprocessing"``) get one of
-their engine's own, forked as the engine starts (each epoch, or once for
-persistent workers), as torch forks its workers at ``iter()``: they see the
-training process as it is then (its module globals, its process settings)
-and inherit the spec unpickled (``ProcessWorkers.inherit_spec``). Auto's
-come from this process's shared fork server, started once per process when
-first wanted (``warm_up``): as a loader that starts on processes is built,
+Start: forced worker processes (``worker_method="multiprocessing"``) are
+forked from the training process as their engine starts (each epoch, or
+once for persistent workers), one per worker, as torch forks its workers at
+``iter()``: they see the training process as it is then (its module
+globals, its process settings), share its pages with no server between
+them holding copies of its own, and inherit the spec unpickled
+(``ProcessWorkers.inherit_spec``); this process reaps them. Auto's
+worker processes fork from this process's shared fork server
+(minato._process.zygote), started once per process when first wanted (``warm_up``): as a loader that starts on processes is built,
 or as auto's measurements first point to processes (a loader that keeps
 threads never forks it), and forked again before a loader's worker
 processes start where it holds pages this process has since let go
@@ -83,6 +84,7 @@ from minato._minato import (
     _own_status_bytes,
     _private_dirty_bytes,
 )
+from minato._process import child as _process_child
 from minato._process import inherit
 from minato._process import ipc as _ipc
 from minato._process import zygote as _zygote
@@ -93,6 +95,10 @@ from minato._task.runner import EXHAUSTED, WorkerSpec
 from minato._util.fork import ForkSafeLock
 from minato._util.memory import give_back_arrow_memory, give_back_freed_memory
 from minato._util.user_code import FORK_QUIET_BOUND_S, out_of_user_code
+
+# `_process_child` is what a forked child runs, imported before any fork: its
+# objects are then shared with the child, not made there on pages it would
+# copy from this process's (benchmarks/RESULTS.md, session 27).
 
 
 class _ForkedServer:
@@ -132,47 +138,59 @@ class _ForkedServer:
             os.kill(self.pid, signal.SIGKILL)
 
 
-def _fork_server(
-    theirs: socket.socket, inheriting: Any = None, ours: socket.socket | None = None
-) -> _ForkedServer:
-    """Forks this process into the fork server, serving `theirs`; or, given
-    the spec `inheriting`, into a loader's own fork server holding it (see
-    minato._process.zygote.inherited_spec). `ours`, this process's end of
-    the server's socket, is closed there: a server holding it would never
-    see this process gone."""
-    keep = theirs.fileno()
-    # What the server runs in its workers, imported here first: its objects
-    # are then shared with the server, not made there on pages the server
-    # would copy from this process's (benchmarks/RESULTS.md, session 27).
-    import minato._process.child  # noqa: F401
-
-    # Auto forks it while its worker threads load: none is left inside the
-    # user's code, half done, in the server (minato._util.user_code). Every
-    # fork waits so (its at-fork hook); waiting here, before the warnings
-    # filters are swapped, keeps that window to the fork itself, and the
-    # hook then finds no thread inside.
+def _fork_server(theirs: socket.socket) -> _ForkedServer:
+    """Forks this process into the fork server, serving `theirs`."""
     anonymous = _anonymous_resident()
-    with out_of_user_code(FORK_QUIET_BOUND_S), warnings.catch_warnings():
-        # Python warns of forking a process with threads; the child runs
-        # only the fork server's loop and what its workers are sent.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        # minato's own sockets, which a server keeping the user's
-        # descriptors must not keep open: their peers would not see them
-        # closed. (Read with every minato thread out of the user's code.)
-        minatos = _own_sockets() if inheriting is not None else set()
-        if ours is not None:
-            minatos.add(ours.fileno())
-        _zygote.inherited_spec = inheriting
-        try:
+    pid = _fork_child(theirs.fileno())
+    inherit.server_forked()
+    return _ForkedServer(pid, anonymous)
+
+
+def _fork_worker(theirs: socket.socket, ours: socket.socket, spec: Any) -> int:
+    """Forks this process into a worker process on `theirs`, holding `spec`
+    (taken as minato._process.child.InheritedSpec), as torch forks its
+    workers from the training process; returns its pid. `ours`, this
+    process's end of its socket, is closed there: a worker holding it would
+    never see this process gone."""
+    return _fork_child(theirs.fileno(), spec, ours)
+
+
+# One fork at a time: the spec a child holds is set just before it forks.
+_forking = ForkSafeLock()
+
+
+def _fork_child(keep: int, spec: Any = None, ours: socket.socket | None = None) -> int:
+    """Forks this process, from the calling thread, into the fork server
+    serving the socket `keep` (no `spec`), or into a worker process on it
+    holding `spec`. Returns the child's pid."""
+    # Auto forks its server while its worker threads load: none is left
+    # inside the user's code, half done, in the child (minato._util.user_code).
+    # Every fork waits so (its at-fork hook); waiting here, before the
+    # warnings filters are swapped, keeps that window to the fork itself,
+    # and the hook then finds no thread inside.
+    pid = -1
+    # Released by the parent only: a fork child's is a new one, released.
+    _forking.acquire()
+    try:
+        with out_of_user_code(FORK_QUIET_BOUND_S), warnings.catch_warnings():
+            # Python warns of forking a process with threads; the child runs
+            # only the fork server's loop, or one worker's.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            # minato's own sockets, which a child keeping the user's
+            # descriptors must not keep open: their peers would not see
+            # them closed. (Read with every minato thread out of the user's
+            # code.)
+            minatos = _own_sockets() if spec is not None else set()
+            if ours is not None:
+                minatos.add(ours.fileno())
+            _process_child.inherited_spec = spec
             pid = os.fork()
-        except BaseException:
-            _zygote.inherited_spec = None
-            raise
+    finally:
+        if pid != 0:
+            _process_child.inherited_spec = None
+            _forking.release()
     if pid:
-        _zygote.inherited_spec = None
-        if inheriting is None:
-            inherit.server_forked()
-        return _ForkedServer(pid, anonymous)
+        return pid
     try:
         # The parent's Python signal handlers (a trainer's SIGTERM checkpoint,
         # say) are not the fork server's, nor its workers'.
@@ -185,11 +203,11 @@ def _fork_server(
         # the workers' sockets, would cut those.
         gc.freeze()
         # Free pages of this process's heaps (worker threads' arenas that
-        # decoded images before auto moved) are no memory of the server's:
+        # decoded images before auto moved) are no memory of the child's:
         # unmapped here, they are neither held by it once the training
         # process trims its own nor inherited by the workers it forks.
         give_back_freed_memory()
-        if inheriting is None:
+        if spec is None:
             # Only its socket: a copy of another one would keep its peer from
             # seeing it closed (a worker process of this loader, say).
             os.closerange(3, keep)
@@ -201,7 +219,10 @@ def _fork_server(
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
-        _zygote.serve(keep)
+        if spec is None:
+            _zygote.serve(keep)
+        else:
+            _process_child.run(keep)
     finally:
         os._exit(0)
 
@@ -216,6 +237,7 @@ def _own_sockets() -> set[int]:
         for workers in list(_live):
             processes = list(workers._processes)
             fds.update(process.wire.fileno() for process in processes if process.owner == here)
+            fds.update(spare.sock.fileno() for spare in list(workers._spares))
             zygotes.append(workers.own_zygote)
     fds.update(zygote.sock.fileno() for zygote in zygotes if zygote and zygote.pid == here)
     return fds
@@ -250,8 +272,8 @@ def exec_server_wanted() -> bool:
 
 def forked_at_start(method: WorkerMethod) -> bool:
     """Whether the loader's worker processes are forced and forked from
-    this process as each engine starts, from a server of the engine's own
-    (``ProcessWorkers.inherit_spec``), not from the shared one."""
+    this process as each engine starts (``ProcessWorkers.inherit_spec``),
+    not from the shared fork server."""
     return (
         method.requested == "multiprocessing" and method.fresh is None and not exec_server_wanted()
     )
@@ -274,16 +296,13 @@ def _exec_server(theirs: socket.socket) -> subprocess.Popen:
 
 class _Zygote:
     """The fork server worker processes come from (see minato._process.zygote);
-    given a spec, a loader's own, forked holding it; `fresh`, a fresh
-    interpreter."""
+    `fresh`, a fresh interpreter."""
 
-    def __init__(self, inheriting: Any = None, fresh: bool = False) -> None:
+    def __init__(self, fresh: bool = False) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.process: _ForkedServer | subprocess.Popen
         try:
-            if inheriting is not None:
-                self.process = _fork_server(theirs, inheriting, ours)
-            elif fresh or exec_server_wanted():
+            if fresh or exec_server_wanted():
                 self.process = _exec_server(theirs)
             else:
                 self.process = _fork_server(theirs)
@@ -421,19 +440,55 @@ def _no_stream_skip(_stream: int) -> int:
     return 0
 
 
+def _end(wire: Wire, child: int | None) -> None:
+    """Ends a worker process's connection (it leaves at once) and, where it
+    is this process's `child`, reaps it on a thread of its own."""
+    wire.shutdown()
+    if child is not None:
+        _reap_soon(child)
+
+
+def _reap_soon(pid: int) -> None:
+    try:
+        _thread.start_new_thread(_reap_child, (pid,))
+    except RuntimeError:  # no thread to be had (at interpreter exit): left to init
+        pass
+
+
+def _reap_child(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):  # SIGCHLD ignored: the kernel reaped it
+        os.waitpid(pid, 0)
+
+
+class _Forked:
+    """A worker process forked from this process, before a worker thread
+    takes it: its pid and this process's end of its socket."""
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid = pid
+        self.sock = sock
+
+    def let_go(self, kill: bool = False) -> None:
+        if kill:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        _reap_soon(self.pid)
+
+
 class WorkerProcess:
     """One worker process and the socket to it."""
 
     def __init__(self, workers: ProcessWorkers, worker_id: int, samples: bool) -> None:
         self.worker_id = worker_id
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            try:
-                self.pid = self._fork(workers, theirs)
-            except (EOFError, OSError):  # the fork server died: once more, with a new one
-                self.pid = self._fork(workers, theirs)
-        finally:
-            theirs.close()
+            self.pid, ours, child = workers.fork_worker()
+        except (EOFError, OSError):  # the fork server died: once more, with a new one
+            if workers.closed:
+                raise
+            self.pid, ours, child = workers.fork_worker()
         self.wire = Wire(ours)
         self.owner = os.getpid()
         # The process's ring of sample slots (rust/wire/slots.rs), mapped here.
@@ -447,18 +502,14 @@ class WorkerProcess:
             self.arenas.forget_worker(worker_id)
         # Samples for a user's collate_fn are rebuilt on the collate thread.
         self.defer = samples and not self.keep_leaves
-        # Collected with its worker thread's runner (the pool shrank): the
-        # connection ends and the process leaves.
-        weakref.finalize(self, self.wire.shutdown)
+        # Stopped, or collected with its worker thread's runner (the pool
+        # shrank): the connection ends and the process leaves; this
+        # process's own child is reaped, once (its pid is never signalled
+        # after: it may be another's by then).
+        self._let_go = weakref.finalize(self, _end, self.wire, self.pid if child else None)
         workers.adopt(self)
         _ipc.send(self.wire, (worker_id, samples))
         _ipc.send_payload(self.wire, workers.spec_payload())
-
-    @staticmethod
-    def _fork(workers: ProcessWorkers, theirs: socket.socket) -> int:
-        zygote = workers.zygote()
-        zygote.preload(workers.modules())
-        return zygote.fork(theirs)
 
     def call(self, message: tuple[Any, ...], limit: float | None) -> Any:
         """Sends a task, with the ring's slots handed back since the last,
@@ -493,14 +544,14 @@ class WorkerProcess:
         """Ends the connection (the process leaves at once, see
         minato._process.child); `kill` also sends SIGKILL. In a fork child the
         process belongs to the parent: left alone."""
-        if os.getpid() != self.owner:
+        if os.getpid() != self.owner or not self._let_go.alive:
             return
         if kill:
             try:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        self.wire.shutdown()
+        self._let_go()
 
     def exit_description(self) -> str:
         """How the process ended, as far as can be seen from here (the fork
@@ -561,11 +612,14 @@ class ProcessWorkers:
         self._prepare_done = threading.Event()
         self.unpicklable: str | None = None
         # Where the engine's worker processes come from, where not from this
-        # process's fork server: "inherit", a server of its own holding the
-        # spec (see `inherit_spec`); "fresh", a fresh interpreter of its own
-        # (see `start_fresh`).
+        # process's fork server: "inherit", forked from this process holding
+        # the spec (see `inherit_spec`); "fresh", a fresh interpreter of its
+        # own (see `start_fresh`).
         self.own_server: str | None = None
         self.own_zygote: _Zygote | None = None
+        # Worker processes forked as the engine started, not yet taken by a
+        # worker thread.
+        self._spares: list[_Forked] = []
         self._processes: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
         self.closed = False
         _live.add(self)
@@ -601,23 +655,65 @@ class ProcessWorkers:
                 give_back_arrow_memory()
             return self._payload
 
-    def inherit_spec(self) -> None:
+    def inherit_spec(self, count: int) -> None:
         """Where the fork server is forked (not a fresh interpreter): forks
-        a fork server of this engine's own now, from the calling thread,
-        holding this process as it is, which its worker processes start
-        from, as torch's worker processes are forked as each epoch starts:
-        they see the module globals and process settings the training
-        process has now, and take the spec from that server's memory,
-        unpickled (its open files, locks and multiprocessing objects
-        included). For forced worker processes, as their engine starts on
-        the training thread."""
+        `count` worker processes from this process now, from the calling
+        thread, as torch forks its workers as each epoch starts: they see
+        the module globals and process settings the training process has
+        now, share its pages as torch's do (no server between them holds a
+        copy of its own), and take the spec from their memory, unpickled
+        (its open files, locks and multiprocessing objects included). Each
+        worker thread takes one as it starts; a later one (the pool grew, a
+        process died) is forked from this process then, by its thread. For
+        forced worker processes, as their engine starts on the training
+        thread."""
         if exec_server_wanted():
             return
         self.own_server = "inherit"
-        self.zygote()
         with self._lock:
-            self._payload = _ipc.dumps(_zygote.InheritedSpec())
-            self._modules = []  # the server has imported what the spec needs
+            self._payload = _ipc.dumps(_process_child.InheritedSpec())
+            self._modules = []  # forked from this process: imported here
+        for _ in range(count):
+            spare = self._fork_directly()
+            with self._lock:
+                if self.closed:
+                    spare.let_go(kill=True)
+                    return
+                self._spares.append(spare)
+
+    def _fork_directly(self) -> _Forked:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            pid = _fork_worker(theirs, ours, self.child_spec)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return _Forked(pid, ours)
+
+    def fork_worker(self) -> tuple[int, socket.socket, bool]:
+        """A new worker process: its pid, this process's end of its socket,
+        and whether it is this process's child (to be reaped here), not the
+        fork server's."""
+        if self.own_server == "inherit":
+            with self._lock:
+                if self.closed:
+                    raise EOFError("the loader's worker processes were stopped")
+                spare = self._spares.pop(0) if self._spares else None
+            if spare is None:
+                spare = self._fork_directly()
+            return spare.pid, spare.sock, True
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            zygote = self.zygote()
+            zygote.preload(self.modules())
+            return zygote.fork(theirs), ours, False
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
 
     def start_fresh(self) -> None:
         """Has this engine's worker processes start from a fresh interpreter
@@ -631,19 +727,16 @@ class ProcessWorkers:
 
     def zygote(self) -> _Zygote:
         """The fork server this engine's worker processes come from: its own
-        (started now where it has none, or it died), or this process's."""
-        if self.own_server is None:
+        fresh interpreter (started now where it has none, or it died), or
+        this process's."""
+        if self.own_server != "fresh":
             return _zygote_now()
         with _zygote_lock:
             if self.closed:
                 raise EOFError("the loader's worker processes were stopped")
             own = self.own_zygote
             if own is None or own.process.poll() is not None:
-                if self.own_server == "fresh":
-                    own = _Zygote(fresh=True)
-                else:
-                    own = _Zygote(inheriting=self.child_spec)
-                self.own_zygote = own
+                own = self.own_zygote = _Zygote(fresh=True)
             return own
 
     def modules(self) -> list[str]:
@@ -714,8 +807,11 @@ class ProcessWorkers:
         with self._lock:
             self.closed = True
             processes = list(self._processes)
+            spares, self._spares = self._spares, []
             self._payload = None
             own, self.own_zygote = self.own_zygote, None
+        for spare in spares:
+            spare.let_go(kill=True)
         for process in processes:
             process.stop(kill=True)
         if own is not None:

@@ -16,9 +16,8 @@ child runs ``minato._process.child.main`` on it, and the zygote answers
 the child's pid. The zygote leaves when the loader's end closes, once its
 workers still exiting are gone (so that none is orphaned to init).
 
-An engine of forced worker processes forks a zygote of its own as it
-starts, holding its spec (``inherited_spec``), as torch forks its workers
-at ``iter()``; its workers take the spec from there, never pickled.
+Forced worker processes never come from here: they are forked from the
+training process as their engine starts (minato._process.workers).
 
 A loader also sends the modules its dataset's pickle names (torchvision's
 transforms, the user's own package...), once: the zygote imports them, so
@@ -35,28 +34,7 @@ import os
 import signal
 import socket
 import struct
-import sys
-from typing import Any, NoReturn
-
-# A worker spec that could not be pickled (its dataset holds an open file,
-# a lock, a generator, a multiprocessing object made in the 'fork' context):
-# a fork server of the loader's own was forked holding it, as torch's workers
-# forked at ``iter()`` hold the dataset, and its workers take it from here.
-inherited_spec: Any = None
-
-
-def _inherited() -> Any:
-    if inherited_spec is None:
-        raise RuntimeError("minato: this worker process holds no inherited spec")
-    return inherited_spec
-
-
-class InheritedSpec:
-    """Pickles as a reference to the spec the receiving process inherited."""
-
-    def __reduce__(self) -> tuple[Any, tuple[()]]:
-        return _inherited, ()
-
+from typing import NoReturn
 
 # The zygote's answer to a request: the worker's pid.
 PID = struct.Struct("<q")
@@ -118,17 +96,6 @@ def serve(fd: int) -> None:
         if pid == 0:
             control.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            code = 0
-            try:
-                _process_child.main(socket.socket(fileno=fds[0]))
-            except BaseException:
-                code = 1
-                import traceback
-
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+            _process_child.run(fds[0])
         os.close(fds[0])
         control.sendall(PID.pack(pid))
