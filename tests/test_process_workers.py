@@ -3027,11 +3027,15 @@ def _descriptor_links(pid: int | str) -> list[str]:
     return links
 
 
-def test_forced_worker_processes_keep_only_the_users_descriptors(tmp_path: Path) -> None:
-    """Forked from the training process, as torch's, they keep the dataset's
-    open files, not minato's sockets: another loader's workers still leave
-    when that loader goes, and none holds this process's end of a socket
-    (it would never see this process gone, kill -9)."""
+@pytest.mark.parametrize("workers", [2, 3], ids=["forked directly", "from a server"])
+def test_forced_worker_processes_keep_only_the_users_descriptors(
+    tmp_path: Path, workers: int
+) -> None:
+    """Forked from the training process (up to two; more from a server of
+    the loader's own, forked from it), they keep the dataset's open files,
+    not minato's sockets and shared memory: another loader's workers still
+    leave when that loader goes, and none holds this process's end of a
+    socket (it would never see this process gone, kill -9)."""
     path = tmp_path / "bytes"
     path.write_bytes(bytes(range(100, 116)))
     other = minato.DataLoader(
@@ -3045,21 +3049,48 @@ def test_forced_worker_processes_keep_only_the_users_descriptors(tmp_path: Path)
     held = minato.DataLoader(
         HoldsWhatNoPickleCarries(path),
         batch_size=4,
-        num_workers=2,
+        num_workers=workers,
         worker_method="multiprocessing",
         persistent_workers=True,
     )
-    pids = {int(pid) for batch in held for pid in batch["pid"]}
-    assert pids and not pids & other_pids
+    assert len(list(held)) == 4
+    # Every worker up (one may still be starting when the epoch ends: its
+    # socket is then on its way to the server).
+    processes = held._iterator._processes
+    assert wait_until(lambda: len(processes._processes) == workers)
+    pids = {process.pid for process in processes._processes}
+    assert not pids & other_pids
     ours = {link for link in _descriptor_links("self") if link.startswith("socket:")}
-    for pid in pids:
-        assert _parent(Path(f"/proc/{pid}")) == os.getpid()  # no server between
+    own = processes.own_zygote
+    if workers <= _process.FORKED_DIRECTLY:
+        assert own is None
+        assert {_parent(Path(f"/proc/{pid}")) for pid in pids} == {os.getpid()}
+        holders = pids
+    else:  # the server forked them, and holds what they hold
+        holders = {own.process.pid}
+        assert {_parent(Path(f"/proc/{pid}")) for pid in pids} == holders
+    for pid in holders:
         links = _descriptor_links(pid)
         assert str(path) in links, links
         assert not ours & set(links), (ours & set(links), links)
+        if pid not in pids:  # a worker maps its own slots and arenas; a server none
+            assert not [link for link in links if link.startswith("/memfd:minato-")], links
     del other
     assert wait_until(lambda: not other_pids & set(live_processes())), other_pids
     assert len(list(held)) == 4  # its own workers go on
+    del held
+    # This process reaps the workers it forked: none is left a zombie.
+    assert wait_until(lambda: not pids & (_zombie_children() | set(live_processes())))
+
+
+def _zombie_children() -> set[int]:
+    zombies = set()
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError):
+            state, parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            if state == "Z" and int(parent) == os.getpid():
+                zombies.add(int(entry.name))
+    return zombies
 
 
 def test_a_later_loader_over_the_same_dataset_type_starts_from_the_decision() -> None:
@@ -3130,9 +3161,9 @@ def test_a_dataset_that_computes_without_the_gil_tries_processes_in_its_first_ep
     assert wait_until(lambda: not workers_of_this_process())
 
 
-@pytest.mark.parametrize("server", ["fork", "exec"])
+@pytest.mark.parametrize(("server", "workers"), [("fork", 2), ("fork", 3), ("exec", 2)])
 def test_worker_processes_and_the_fork_server_run_none_of_the_loaders_signal_handlers(
-    tmp_path: Path, server: str
+    tmp_path: Path, server: str, workers: int
 ) -> None:
     # Forked from the loader's process, a worker must not run a trainer's
     # SIGTERM handler (a checkpoint, say); started fresh
@@ -3149,25 +3180,25 @@ def test_worker_processes_and_the_fork_server_run_none_of_the_loaders_signal_han
 
         signal.signal(signal.SIGTERM, checkpoint)
         loader = minato.DataLoader(
-            list(range(16)), batch_size=4, num_workers=2, worker_method="multiprocessing",
-            persistent_workers=True,
+            list(range(16)), batch_size=4, num_workers=int(sys.argv[2]),
+            worker_method="multiprocessing", persistent_workers=True,
         )
         assert sorted(int(i) for batch in loader for i in batch) == list(range(16))
         processes = loader._iterator._processes
-        if processes.own_server == "inherit":  # forked from here, as torch's
+        if processes.direct:  # forked from here, as torch's
             pid = next(iter(processes._processes)).pid
             os.kill(pid, signal.SIGTERM)
             _, status = os.waitpid(pid, 0)
             assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
-        else:  # from the shared server, a fresh interpreter
-            server = workers._the_zygote.process
+        else:  # forked: the loader's own server; a fresh interpreter: the shared one
+            server = (processes.own_zygote or workers._the_zygote).process
             os.kill(server.pid, signal.SIGTERM)
             server.wait(timeout=30)
         print("served")
         """)
     ran = tmp_path / "handler_ran"
     run = subprocess.run(
-        [sys.executable, "-c", script, str(ran)],
+        [sys.executable, "-c", script, str(ran), str(workers)],
         env=dict(os.environ, MINATO_FORK_SERVER=server),
         cwd=tmp_path,  # the installed minato, not the checkout's sources
         capture_output=True,

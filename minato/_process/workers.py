@@ -9,18 +9,19 @@ stats, exactly-once resume, persistent workers. Exceptions keep their type,
 worker id and sample index; large tensors and arrays come back in shared
 memory (minato._process.ipc).
 
-Start: forced worker processes (``worker_method="multiprocessing"``) are
-forked from the training process as their engine starts (each epoch, or
-once for persistent workers), one per worker, as torch forks its workers at
-``iter()``: they see the training process as it is then (its module
-globals, its process settings), share its pages with no server between
-them holding copies of its own, and inherit the spec unpickled
-(``ProcessWorkers.inherit_spec``); this process reaps them. Auto's
-worker processes fork from this process's shared fork server
-(minato._process.zygote), started once per process when first wanted (``warm_up``): as a loader that starts on processes is built,
-or as auto's measurements first point to processes (a loader that keeps
-threads never forks it), and forked again before a loader's worker
-processes start where it holds pages this process has since let go
+Start: forced worker processes (``worker_method="multiprocessing"``) start
+from the training process as their engine starts (each epoch, or once for
+persistent workers), as torch forks its workers at ``iter()``: they see the
+training process as it is then (its module globals, its process settings)
+and inherit the spec unpickled (``ProcessWorkers.inherit_spec``). Up to
+``FORKED_DIRECTLY`` of them are forked from it directly (this process reaps
+them); more come from a fork server of the engine's own, forked then.
+Auto's worker processes fork from this process's shared fork server
+(minato._process.zygote), started once per process when first wanted
+(``warm_up``): as a loader that starts on processes is built, or as auto's
+measurements first point to processes (a loader that keeps threads never
+forks it), and forked again before a loader's worker processes start where
+it holds pages this process has since let go
 (``STALE_SERVER_BYTES``). The fork server is forked from this process, by the calling
 thread, with minato's worker threads held out of the user's code
 (minato._util.user_code), as torch forks its workers from it: it shares
@@ -138,11 +139,18 @@ class _ForkedServer:
             os.kill(self.pid, signal.SIGKILL)
 
 
-def _fork_server(theirs: socket.socket) -> _ForkedServer:
-    """Forks this process into the fork server, serving `theirs`."""
+def _fork_server(
+    theirs: socket.socket, inheriting: Any = None, ours: socket.socket | None = None
+) -> _ForkedServer:
+    """Forks this process into the fork server, serving `theirs`; or, given
+    the spec `inheriting`, into a loader's own fork server holding it, for
+    its workers to take (minato._process.child.InheritedSpec). `ours`, this
+    process's end of the server's socket, is closed there: a server holding
+    it would never see this process gone."""
     anonymous = _anonymous_resident()
-    pid = _fork_child(theirs.fileno())
-    inherit.server_forked()
+    pid = _fork_child(theirs.fileno(), inheriting, ours, server=True)
+    if inheriting is None:
+        inherit.server_forked()
     return _ForkedServer(pid, anonymous)
 
 
@@ -152,17 +160,18 @@ def _fork_worker(theirs: socket.socket, ours: socket.socket, spec: Any) -> int:
     workers from the training process; returns its pid. `ours`, this
     process's end of its socket, is closed there: a worker holding it would
     never see this process gone."""
-    return _fork_child(theirs.fileno(), spec, ours)
+    return _fork_child(theirs.fileno(), spec, ours, server=False)
 
 
 # One fork at a time: the spec a child holds is set just before it forks.
 _forking = ForkSafeLock()
 
 
-def _fork_child(keep: int, spec: Any = None, ours: socket.socket | None = None) -> int:
-    """Forks this process, from the calling thread, into the fork server
-    serving the socket `keep` (no `spec`), or into a worker process on it
-    holding `spec`. Returns the child's pid."""
+def _fork_child(keep: int, spec: Any, ours: socket.socket | None, server: bool) -> int:
+    """Forks this process, from the calling thread, into a fork server
+    serving the socket `keep`, or into a worker process on it, holding
+    `spec` (None: the shared server, which keeps no descriptor of this
+    process's but `keep`). Returns the child's pid."""
     # Auto forks its server while its worker threads load: none is left
     # inside the user's code, half done, in the child (minato._util.user_code).
     # Every fork waits so (its at-fork hook); waiting here, before the
@@ -219,7 +228,7 @@ def _fork_child(keep: int, spec: Any = None, ours: socket.socket | None = None) 
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
-        if spec is None:
+        if server:
             _zygote.serve(keep)
         else:
             _process_child.run(keep)
@@ -270,6 +279,15 @@ def exec_server_wanted() -> bool:
     return os.environ.get("MINATO_FORK_SERVER") == "exec"
 
 
+# Forced worker processes forked from the training process itself, at most:
+# more come from a fork server of their engine's own. A server holds a copy
+# of its own of every page that the training process and the workers all
+# write (the interpreter's own objects: a few MB, benchmarks/RESULTS.md,
+# session 40), while each direct fork stops the training thread for as long
+# as copying its page tables takes, one per worker per epoch, as torch's.
+FORKED_DIRECTLY = 2
+
+
 def forked_at_start(method: WorkerMethod) -> bool:
     """Whether the loader's worker processes are forced and forked from
     this process as each engine starts (``ProcessWorkers.inherit_spec``),
@@ -296,13 +314,16 @@ def _exec_server(theirs: socket.socket) -> subprocess.Popen:
 
 class _Zygote:
     """The fork server worker processes come from (see minato._process.zygote);
-    `fresh`, a fresh interpreter."""
+    given a spec, a loader's own, forked holding it; `fresh`, a fresh
+    interpreter."""
 
-    def __init__(self, fresh: bool = False) -> None:
+    def __init__(self, inheriting: Any = None, fresh: bool = False) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.process: _ForkedServer | subprocess.Popen
         try:
-            if fresh or exec_server_wanted():
+            if inheriting is not None:
+                self.process = _fork_server(theirs, inheriting, ours)
+            elif fresh or exec_server_wanted():
                 self.process = _exec_server(theirs)
             else:
                 self.process = _fork_server(theirs)
@@ -617,8 +638,10 @@ class ProcessWorkers:
         # own (see `start_fresh`).
         self.own_server: str | None = None
         self.own_zygote: _Zygote | None = None
-        # Worker processes forked as the engine started, not yet taken by a
-        # worker thread.
+        # Whether its worker processes are forked from this process, not a
+        # fork server (see `inherit_spec`), and those forked as the engine
+        # started, not yet taken by a worker thread.
+        self.direct = False
         self._spares: list[_Forked] = []
         self._processes: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
         self.closed = False
@@ -656,23 +679,31 @@ class ProcessWorkers:
             return self._payload
 
     def inherit_spec(self, count: int) -> None:
-        """Where the fork server is forked (not a fresh interpreter): forks
-        `count` worker processes from this process now, from the calling
-        thread, as torch forks its workers as each epoch starts: they see
-        the module globals and process settings the training process has
-        now, share its pages as torch's do (no server between them holds a
-        copy of its own), and take the spec from their memory, unpickled
-        (its open files, locks and multiprocessing objects included). Each
-        worker thread takes one as it starts; a later one (the pool grew, a
-        process died) is forked from this process then, by its thread. For
-        forced worker processes, as their engine starts on the training
-        thread."""
+        """Where the fork server is forked (not a fresh interpreter): the
+        engine's `count` worker processes start from this process as it is
+        now, as torch forks its workers as each epoch starts: they see the
+        module globals and process settings the training process has now,
+        and take the spec from their memory, unpickled (its open files,
+        locks and multiprocessing objects included). For forced worker
+        processes, as their engine starts on the training thread.
+
+        Up to `FORKED_DIRECTLY` workers are forked from this process now,
+        from the calling thread, and share its pages as torch's do; each
+        worker thread takes one as it starts, and a later one (the pool
+        grew, a process died) is forked from this process then, by its
+        thread. More are forked from a fork server of the engine's own,
+        forked now holding the spec: this thread forks once, not once per
+        worker, and the server forks the workers while the first ones load."""
         if exec_server_wanted():
             return
         self.own_server = "inherit"
         with self._lock:
             self._payload = _ipc.dumps(_process_child.InheritedSpec())
             self._modules = []  # forked from this process: imported here
+        if count > FORKED_DIRECTLY:
+            self.zygote()
+            return
+        self.direct = True
         for _ in range(count):
             spare = self._fork_directly()
             with self._lock:
@@ -696,7 +727,7 @@ class ProcessWorkers:
         """A new worker process: its pid, this process's end of its socket,
         and whether it is this process's child (to be reaped here), not the
         fork server's."""
-        if self.own_server == "inherit":
+        if self.direct:
             with self._lock:
                 if self.closed:
                     raise EOFError("the loader's worker processes were stopped")
@@ -727,16 +758,19 @@ class ProcessWorkers:
 
     def zygote(self) -> _Zygote:
         """The fork server this engine's worker processes come from: its own
-        fresh interpreter (started now where it has none, or it died), or
-        this process's."""
-        if self.own_server != "fresh":
+        (started now where it has none, or it died), or this process's."""
+        if self.own_server is None:
             return _zygote_now()
         with _zygote_lock:
             if self.closed:
                 raise EOFError("the loader's worker processes were stopped")
             own = self.own_zygote
             if own is None or own.process.poll() is not None:
-                own = self.own_zygote = _Zygote(fresh=True)
+                if self.own_server == "fresh":
+                    own = _Zygote(fresh=True)
+                else:
+                    own = _Zygote(inheriting=self.child_spec)
+                self.own_zygote = own
             return own
 
     def modules(self) -> list[str]:

@@ -16,8 +16,10 @@ child runs ``minato._process.child.main`` on it, and the zygote answers
 the child's pid. The zygote leaves when the loader's end closes, once its
 workers still exiting are gone (so that none is orphaned to init).
 
-Forced worker processes never come from here: they are forked from the
-training process as their engine starts (minato._process.workers).
+Forced worker processes are forked from the training process as their
+engine starts (minato._process.workers); beyond a couple, from a server of
+their engine's own, forked then holding their spec
+(minato._process.child.inherited_spec), which its workers take from there.
 
 A loader also sends the modules its dataset's pickle names (torchvision's
 transforms, the user's own package...), once: the zygote imports them, so
