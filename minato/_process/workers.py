@@ -633,9 +633,10 @@ class ProcessWorkers:
         self._prepare_done = threading.Event()
         self.unpicklable: str | None = None
         # Where the engine's worker processes come from, where not from this
-        # process's fork server: "inherit", forked from this process holding
-        # the spec (see `inherit_spec`); "fresh", a fresh interpreter of its
-        # own (see `start_fresh`).
+        # process's fork server: "inherit", from this process as it is,
+        # holding the spec (forked directly, or from a server of its own
+        # forked holding it: see `inherit_spec`); "fresh", a fresh
+        # interpreter of its own (see `start_fresh`).
         self.own_server: str | None = None
         self.own_zygote: _Zygote | None = None
         # Whether its worker processes are forked from this process, not a
