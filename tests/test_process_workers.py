@@ -102,6 +102,19 @@ class KillsItself(Dataset):
         return index
 
 
+class ExitsHard(Dataset):
+    """Sample 5 ends its worker process at once, with status 5 (a crash
+    handler's ``os._exit``, say)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        if index == 5 and get_worker_info() is not None:
+            os._exit(5)
+        return index
+
+
 class Hangs(Dataset):
     """Sample 3 never finishes."""
 
@@ -353,7 +366,9 @@ def test_a_worker_killed_fails_its_sample_and_a_new_process_takes_over() -> None
     loader = minato.DataLoader(
         KillsItself(), batch_size=4, num_workers=2, worker_method="multiprocessing"
     )
-    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+    # The training process's own child (forked from it, as torch's): its
+    # status is read, and told as torch tells it.
+    with pytest.raises(RuntimeError, match="exited unexpectedly: killed by signal: Killed"):
         list(loader)
     skipping = minato.DataLoader(
         KillsItself(),
@@ -365,6 +380,23 @@ def test_a_worker_killed_fails_its_sample_and_a_new_process_takes_over() -> None
     )
     assert indices(skipping) == [i for i in range(24) if i != 5]
     assert [failure.index for failure in skipping.stats().failures] == [5]
+
+
+@pytest.mark.parametrize("workers", [2, 3], ids=["forked directly", "from a server"])
+def test_a_worker_processs_exit_status_is_told_where_this_process_is_its_parent(
+    workers: int,
+) -> None:
+    loader = minato.DataLoader(
+        ExitsHard(), batch_size=4, num_workers=workers, worker_method="multiprocessing"
+    )
+    with pytest.raises(RuntimeError, match="exited unexpectedly") as caught:
+        list(loader)
+    message = str(caught.value)
+    del caught, loader
+    if workers <= _process.FORKED_DIRECTLY:
+        assert "exited unexpectedly with exit code 5" in message, message
+    else:  # the server reaps it: its status is not to be read here
+        assert "exited unexpectedly (killed, or crashed)" in message, message
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

@@ -527,6 +527,7 @@ class WorkerProcess:
         # shrank): the connection ends and the process leaves; this
         # process's own child is reaped, once (its pid is never signalled
         # after: it may be another's by then).
+        self.child = child
         self._let_go = weakref.finalize(self, _end, self.wire, self.pid if child else None)
         workers.adopt(self)
         _ipc.send(self.wire, (worker_id, samples))
@@ -575,8 +576,12 @@ class WorkerProcess:
         self._let_go()
 
     def exit_description(self) -> str:
-        """How the process ended, as far as can be seen from here (the fork
-        server, not this process, is its parent and reaps it)."""
+        """How the process ended, as far as can be seen from here: this
+        process's own child is reaped here, and its status told as torch
+        tells its workers'; the fork server's is seen in /proc only (the
+        server is its parent and reaps it). Before the process is stopped."""
+        if self.child and os.getpid() == self.owner and self._let_go.alive:
+            return self._reaped_description()
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             try:
@@ -590,6 +595,27 @@ class WorkerProcess:
         else:
             return "closed its connection unexpectedly"
         return "exited unexpectedly (killed, or crashed)"
+
+    def _reaped_description(self) -> str:
+        deadline = time.monotonic() + 1.0
+        while True:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # SIGCHLD ignored: the kernel reaped it
+                return "exited unexpectedly (killed, or crashed)"
+            if pid:
+                break
+            if time.monotonic() >= deadline:
+                return "closed its connection unexpectedly"
+            time.sleep(0.01)
+        # Reaped here: never again, nor signalled (its pid may be another's).
+        self._let_go.detach()
+        self.wire.shutdown()
+        code = os.waitstatus_to_exitcode(status)
+        if code < 0:
+            name = signal.strsignal(-code) or f"signal {-code}"
+            return f"exited unexpectedly: killed by signal: {name}"
+        return f"exited unexpectedly with exit code {code}"
 
 
 class ProcessWorkers:
@@ -1137,6 +1163,8 @@ class _Remote:
         process = self.process
         assert process is not None
         self.process = None
+        # How it died, read before it is stopped (and reaped).
+        died = process.exit_description() if how == "died" else ""
         process.stop(kill=True)
         if self.samples and len(task) > 1:
             return [sample for item in task for sample in self.run(epoch, [item])]
@@ -1149,7 +1177,7 @@ class _Remote:
                 f"{self.workers.hard_timeout}s per sample"
             )
         elif how == "died":
-            message = f"{where} {process.exit_description()}: {seen}"
+            message = f"{where} {died}: {seen}"
         else:
             message = f"{where} {how}"
         return self._failed(task, message)
