@@ -115,6 +115,25 @@ class ExitsHard(Dataset):
         return index
 
 
+FORK_CONTEXT = multiprocessing.get_context("fork")
+
+
+class PutsOnAQueue(Dataset):
+    """Each sample puts its index on a ``multiprocessing.Queue`` the dataset
+    holds, made in the 'fork' context (a worker reporting to the training
+    loop), and returns its worker process's pid."""
+
+    def __init__(self) -> None:
+        self.queue = FORK_CONTEXT.Queue()
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        self.queue.put(index)
+        return os.getpid()
+
+
 class Hangs(Dataset):
     """Sample 3 never finishes."""
 
@@ -397,6 +416,42 @@ def test_a_worker_processs_exit_status_is_told_where_this_process_is_its_parent(
         assert "exited unexpectedly with exit code 5" in message, message
     else:  # the server reaps it: its status is not to be read here
         assert "exited unexpectedly (killed, or crashed)" in message, message
+
+
+@pytest.mark.parametrize(
+    ("loader_type", "options"),
+    [
+        (tud.DataLoader, {}),
+        (minato.DataLoader, {"worker_method": "multiprocessing"}),
+        (minato.DataLoader, {"worker_method": "multiprocessing", "num_workers": 3}),
+        (minato.DataLoader, {"worker_method": "thread"}),
+    ],
+    ids=["torch", "minato-processes", "minato-processes-from-a-server", "minato-threads"],
+)
+def test_what_workers_put_on_a_multiprocessing_queue_arrives_as_from_torchs(
+    loader_type: type, options: dict[str, Any]
+) -> None:
+    """torch's worker processes start as multiprocessing starts a process:
+    a fork-context Queue the dataset holds forgets the training process's
+    feeder thread (run by its put below) and starts its own, and what it
+    buffers is flushed as the worker exits. A daemonic child of the
+    training process is no child of the workers': their exit leaves it be."""
+    dataset = PutsOnAQueue()
+    dataset.queue.put("the training loop's own")
+    assert dataset.queue.get(timeout=30) == "the training loop's own"
+    bystander = FORK_CONTEXT.Process(target=time.sleep, args=(120,), daemon=True)
+    bystander.start()
+    try:
+        options = {"num_workers": 2, **options}
+        pids = {int(pid) for pid in loader_type(dataset, batch_size=None, **options)}
+        received = sorted(dataset.queue.get(timeout=30) for _ in range(8))
+        assert received == list(range(8))
+        if os.getpid() not in pids:
+            assert wait_until(lambda: not pids & set(live_processes()))
+        assert bystander.is_alive()
+    finally:
+        bystander.kill()
+        bystander.join()
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

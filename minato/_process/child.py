@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import multiprocessing.process
+import multiprocessing.util
 import os
 import random
 import select
@@ -24,11 +26,13 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 import torch
 from torch._utils import ExceptionWrapper
+from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 from torch.utils.data._utils import worker as _torch_worker
 
 from minato._minato import ArenaWriter, SlotRing, Wire
@@ -60,6 +64,11 @@ class InheritedSpec:
         return _inherited, ()
 
 
+# How long a worker process's exit may take (its queues flushing), as torch's
+# loader waits for each of its workers to exit before terminating it.
+EXIT_BOUND_S = MP_STATUS_CHECK_INTERVAL
+
+
 class _StreamSkip:
     """An IterableDataset's resumed epoch: batches this worker's stream
     drops first, as the loader sends them with the epoch's first task."""
@@ -73,14 +82,43 @@ class _StreamSkip:
 
 
 def _exit_with_loader(fd: int) -> None:
-    """Leaves at once when the loader's end closes (the loader stopped this
-    worker, or its process died), even while the dataset's code runs."""
+    """Leaves when the loader's end closes (the loader stopped this worker,
+    or its process died), even while the dataset's code runs."""
     poller = select.poll()
     poller.register(fd, select.POLLRDHUP)
     while True:
         for _, events in poller.poll():
             if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL):
-                os._exit(0)
+                leave(0)
+
+
+_leaving = threading.Lock()
+
+
+def leave(code: int) -> NoReturn:
+    """Exits as a process multiprocessing started exits, as torch's worker
+    processes do: the finalizers run first (a ``multiprocessing.Queue`` the
+    dataset put on sends what it still buffers), within torch's bound on a
+    worker's exit, past which it exits regardless (a pipe nobody reads)."""
+    if _leaving.acquire(blocking=False):
+        bound = threading.Thread(target=_exit_after, args=(code,), daemon=True)
+        bound.start()
+        exit_function = getattr(multiprocessing.util, "_exit_function", None)
+        with contextlib.suppress(BaseException):
+            if callable(exit_function):
+                exit_function()
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+    # Another thread is leaving: it exits the process.
+    while True:
+        time.sleep(EXIT_BOUND_S)
+
+
+def _exit_after(code: int) -> None:
+    time.sleep(EXIT_BOUND_S)
+    os._exit(code)
 
 
 def _no_run(_run: SampleRun | None) -> None:
@@ -117,9 +155,29 @@ def _set_up(spec: WorkerSpec, worker_id: int) -> None:
 connection: Wire | None = None
 
 
+def _after_fork_as_multiprocessing() -> None:
+    """What multiprocessing runs in a process it starts before its target,
+    as in torch's worker processes: the finalizers of the objects of the
+    process it was forked from are dropped, and the callbacks registered to
+    run after a fork run (a ``multiprocessing.Queue`` made in the 'fork'
+    context forgets the parent's feeder thread, and starts one of its own
+    when a worker puts on it; a manager's proxy connects anew). Private
+    names of CPython's, looked up so that one gone is skipped, not fatal.
+
+    Its children start empty, as in ``Process._bootstrap``: those of the
+    process it was forked from are not its own to terminate and join as it
+    exits (see `leave`)."""
+    if isinstance(getattr(multiprocessing.process, "_children", None), set):
+        multiprocessing.process._children = set()  # type: ignore[attr-defined]
+    after_fork = getattr(multiprocessing.process.BaseProcess, "_after_fork", None)
+    if callable(after_fork):
+        after_fork()
+
+
 def main(sock: socket.socket) -> None:
     global connection
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _after_fork_as_multiprocessing()
     wire = connection = Wire(sock)
     threading.Thread(target=_exit_with_loader, args=(wire.fileno(),), daemon=True).start()
     WORKER_NOUN["noun"] = "process"
@@ -178,9 +236,7 @@ def run(fd: int) -> NoReturn:
 
         traceback.print_exc()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        leave(code)
 
 
 def _deferred(output: list[Any]) -> list[Any]:

@@ -461,12 +461,17 @@ def _no_stream_skip(_stream: int) -> int:
     return 0
 
 
-def _end(wire: Wire, child: int | None) -> None:
-    """Ends a worker process's connection (it leaves at once) and, where it
-    is this process's `child`, reaps it on a thread of its own."""
+def _end(wire: Wire, pid: int, child: bool, started: int | None) -> None:
+    """Ends a worker process's connection: it leaves, as torch's workers
+    leave, once its finalizers ran (its queues flushed, see
+    minato._process.child.leave), and is killed if still there past that
+    bound. This process's own `child` is reaped, on a thread of its own."""
     wire.shutdown()
-    if child is not None:
-        _reap_soon(child)
+    if child:
+        _reap_soon(pid)
+    elif started is not None:
+        with contextlib.suppress(RuntimeError):  # no thread to be had: it leaves by itself
+            _thread.start_new_thread(_kill_if_lingering, (pid, started))
 
 
 def _reap_soon(pid: int) -> None:
@@ -477,8 +482,39 @@ def _reap_soon(pid: int) -> None:
 
 
 def _reap_child(pid: int) -> None:
+    """Reaps this process's child `pid` (killed once past the exit bound)."""
+    deadline = time.monotonic() + _process_child.EXIT_BOUND_S
     with contextlib.suppress(ChildProcessError):  # SIGCHLD ignored: the kernel reaped it
-        os.waitpid(pid, 0)
+        while not os.waitpid(pid, os.WNOHANG)[0]:
+            if time.monotonic() >= deadline:
+                os.kill(pid, signal.SIGKILL)  # not reaped yet: still this child's pid
+                os.waitpid(pid, 0)
+                return
+            time.sleep(0.01)
+
+
+def _start_time(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot), or None where
+    it is gone or a zombie: with its pid, what tells it from a later one."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in "ZX" else int(fields[19])
+
+
+def _kill_if_lingering(pid: int, started: int) -> None:
+    """Kills a fork server's worker `pid` still there past the exit bound
+    (its server, not this process, reaps it)."""
+    deadline = time.monotonic() + _process_child.EXIT_BOUND_S
+    while time.monotonic() < deadline:
+        if _start_time(pid) != started:
+            return
+        time.sleep(0.01)
+    if _start_time(pid) == started:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 class _Forked:
@@ -528,7 +564,8 @@ class WorkerProcess:
         # process's own child is reaped, once (its pid is never signalled
         # after: it may be another's by then).
         self.child = child
-        self._let_go = weakref.finalize(self, _end, self.wire, self.pid if child else None)
+        started = None if child else _start_time(self.pid)
+        self._let_go = weakref.finalize(self, _end, self.wire, self.pid, child, started)
         workers.adopt(self)
         _ipc.send(self.wire, (worker_id, samples))
         _ipc.send_payload(self.wire, workers.spec_payload())
@@ -563,9 +600,9 @@ class WorkerProcess:
         return (output,)
 
     def stop(self, kill: bool = False) -> None:
-        """Ends the connection (the process leaves at once, see
-        minato._process.child); `kill` also sends SIGKILL. In a fork child the
-        process belongs to the parent: left alone."""
+        """Ends the connection (the process leaves, its finalizers run first,
+        see minato._process.child.leave); `kill` sends SIGKILL first. In a
+        fork child the process belongs to the parent: left alone."""
         if os.getpid() != self.owner or not self._let_go.alive:
             return
         if kill:
@@ -874,7 +911,9 @@ class ProcessWorkers:
         for spare in spares:
             spare.let_go(kill=True)
         for process in processes:
-            process.stop(kill=True)
+            # As torch's workers are stopped: they leave, flushing what the
+            # dataset put on its queues, and are killed past the bound.
+            process.stop()
         if own is not None:
             # It leaves once the workers it forked have.
             _stop_server(own, aside=True)
