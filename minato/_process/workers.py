@@ -51,7 +51,9 @@ reported failed, never lost or repeated.
 
 No process outlives its loader: the thread's end of the socket closing
 (the engine stopped, the loader collected, the interpreter exiting, this
-process killed) makes the worker process exit at once, even mid-task.
+process killed) makes the worker process exit, even mid-task, once
+multiprocessing's finalizers ran (within a bound, past which the loader
+kills it: minato._process.child.leave).
 """
 
 from __future__ import annotations
