@@ -2897,7 +2897,7 @@ def test_forced_worker_processes_inherit_a_dataset_no_pickle_carries_as_torchs_d
         assert wait_until(lambda pids=pids: not pids & set(live_processes())), pids
     assert results[tud.DataLoader][0] == [(i, 100 + i) for i in range(16)]
     assert results[minato.DataLoader] == results[tud.DataLoader]
-    # The loader's own fork server went with its workers.
+    # Nothing the loader forked is left (its workers, or a server of its own).
     assert wait_until(lambda: _children_of_this_process() <= before | _fork_servers())
 
 

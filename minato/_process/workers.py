@@ -485,14 +485,35 @@ def _reap_soon(pid: int) -> None:
 
 def _reap_child(pid: int) -> None:
     """Reaps this process's child `pid` (killed once past the exit bound)."""
-    deadline = time.monotonic() + _process_child.EXIT_BOUND_S
     with contextlib.suppress(ChildProcessError):  # SIGCHLD ignored: the kernel reaped it
-        while not os.waitpid(pid, os.WNOHANG)[0]:
-            if time.monotonic() >= deadline:
-                os.kill(pid, signal.SIGKILL)  # not reaped yet: still this child's pid
-                os.waitpid(pid, 0)
-                return
-            time.sleep(0.01)
+        if _exit_status(pid, _process_child.EXIT_BOUND_S) is None:
+            os.kill(pid, signal.SIGKILL)  # not reaped yet: still this child's pid
+            os.waitpid(pid, 0)
+
+
+def _exit_status(pid: int, bound: float) -> int | None:
+    """The wait status of this process's child `pid`, reaped once it exited
+    within `bound` seconds; None if it still runs. ChildProcessError where
+    the kernel reaped it (SIGCHLD ignored)."""
+    deadline = time.monotonic() + bound
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
+
+
+def _lingers(pid: int, started: int, bound: float) -> bool:
+    """Whether process `pid`, started at `started`, is still there (neither
+    gone nor a zombie) after up to `bound` seconds."""
+    deadline = time.monotonic() + bound
+    while _start_time(pid) == started:
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def _start_time(pid: int) -> int | None:
@@ -509,12 +530,7 @@ def _start_time(pid: int) -> int | None:
 def _kill_if_lingering(pid: int, started: int) -> None:
     """Kills a fork server's worker `pid` still there past the exit bound
     (its server, not this process, reaps it)."""
-    deadline = time.monotonic() + _process_child.EXIT_BOUND_S
-    while time.monotonic() < deadline:
-        if _start_time(pid) != started:
-            return
-        time.sleep(0.01)
-    if _start_time(pid) == started:
+    if _lingers(pid, started, _process_child.EXIT_BOUND_S):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
@@ -566,8 +582,11 @@ class WorkerProcess:
         # process's own child is reaped, once (its pid is never signalled
         # after: it may be another's by then).
         self.child = child
-        started = None if child else _start_time(self.pid)
-        self._let_go = weakref.finalize(self, _end, self.wire, self.pid, child, started)
+        # With its pid, what tells it from a later process (None: gone already).
+        self.started = _start_time(self.pid)
+        self._let_go = weakref.finalize(
+            self, _end, self.wire, self.pid, child, None if child else self.started
+        )
         workers.adopt(self)
         _ipc.send(self.wire, (worker_id, samples))
         _ipc.send_payload(self.wire, workers.spec_payload())
@@ -621,32 +640,17 @@ class WorkerProcess:
         server is its parent and reaps it). Before the process is stopped."""
         if self.child and os.getpid() == self.owner and self._let_go.alive:
             return self._reaped_description()
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:
-            try:
-                with open(f"/proc/{self.pid}/stat") as stat:
-                    state = stat.read().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                break  # reaped
-            if state in "ZX":
-                break
-            time.sleep(0.01)
-        else:
+        if self.started is not None and _lingers(self.pid, self.started, 1.0):
             return "closed its connection unexpectedly"
         return "exited unexpectedly (killed, or crashed)"
 
     def _reaped_description(self) -> str:
-        deadline = time.monotonic() + 1.0
-        while True:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # SIGCHLD ignored: the kernel reaped it
-                return "exited unexpectedly (killed, or crashed)"
-            if pid:
-                break
-            if time.monotonic() >= deadline:
-                return "closed its connection unexpectedly"
-            time.sleep(0.01)
+        try:
+            status = _exit_status(self.pid, 1.0)
+        except ChildProcessError:  # SIGCHLD ignored: the kernel reaped it
+            return "exited unexpectedly (killed, or crashed)"
+        if status is None:
+            return "closed its connection unexpectedly"
         # Reaped here: never again, nor signalled (its pid may be another's).
         self._let_go.detach()
         self.wire.shutdown()
