@@ -7,6 +7,7 @@ interpreter exit, the loader's process killed) count the processes left.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import gc
 import hashlib
@@ -132,6 +133,31 @@ class PutsOnAQueue(Dataset):
     def __getitem__(self, index: int) -> int:
         self.queue.put(index)
         return os.getpid()
+
+
+class KnowsItsProcess(Dataset):
+    """Each sample says what multiprocessing and the system tell the process
+    that loads it about itself (its number left out: the test counts)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int):
+        time.sleep(0.02)  # both workers load some
+        me = multiprocessing.current_process()
+        parent = multiprocessing.parent_process()
+        kind, number = me.name.rsplit("-", 1)
+        comm = Path(f"/proc/{os.getpid()}/comm").read_text().strip()
+        return repr(
+            (
+                kind,
+                me.daemon,
+                len(me._identity),
+                parent is not None and (parent.name, parent.pid, parent.is_alive()),
+                multiprocessing.get_start_method(allow_none=True),
+                comm,
+            )
+        ), int(number)
 
 
 class Hangs(Dataset):
@@ -419,6 +445,55 @@ def test_a_worker_processs_exit_status_is_told_where_this_process_is_its_parent(
 
 
 @pytest.mark.parametrize(
+    "loader",
+    [
+        "torch.utils.data.DataLoader(Crashes(), num_workers=2)",
+        'minato.DataLoader(Crashes(), num_workers=2, worker_method="multiprocessing")',
+        'minato.DataLoader(Crashes(), num_workers=3, worker_method="multiprocessing")',
+    ],
+    ids=["torch", "minato-forked-directly", "minato-from-a-server"],
+)
+def test_a_worker_process_that_crashes_says_so_on_stderr_as_torchs_do(
+    tmp_path: Path, loader: str
+) -> None:
+    """torch's worker signal handlers: a segmentation fault in a worker's
+    sample is told on its stderr as a worker's, then kills it; minato's
+    loader raises that the worker exited unexpectedly."""
+    script = textwrap.dedent(f"""
+        import ctypes, sys
+        import torch, minato
+        from torch.utils.data import Dataset, get_worker_info
+
+        class Crashes(Dataset):
+            def __len__(self):
+                return 8
+
+            def __getitem__(self, index):
+                if index == 5 and get_worker_info() is not None:
+                    ctypes.string_at(0)
+                return index
+
+        try:
+            list({loader})
+        except Exception as error:
+            print(type(error).__name__, error)
+        """)
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,  # the installed minato, not the checkout's sources
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Unexpected segmentation fault encountered in worker" in run.stderr, run.stderr
+    # (torch's own raises this, or, its worker's death racing its queue's
+    # read, an EOFError.)
+    if loader.startswith("minato"):
+        assert run.stdout.startswith("RuntimeError"), run.stdout
+        assert "exited unexpectedly" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize(
     ("loader_type", "options"),
     [
         (tud.DataLoader, {}),
@@ -452,6 +527,48 @@ def test_what_workers_put_on_a_multiprocessing_queue_arrives_as_from_torchs(
     finally:
         bystander.kill()
         bystander.join()
+
+
+@pytest.mark.parametrize("context", [None, "fork", "forkserver"])
+@pytest.mark.parametrize("workers", [2, 3], ids=["forked directly", "from a server"])
+def test_a_worker_process_is_told_what_torchs_are_told_of_itself(
+    context: str | None, workers: int
+) -> None:
+    """multiprocessing's current_process() in a worker is a daemonic
+    ``Process-N`` (or the context's kind), numbered from the training
+    process's counter; parent_process() the training process, alive; the
+    start method the context's; the process named as torch names its
+    workers."""
+
+    def told(loader_type: type, **options: Any) -> tuple[set[str], list[int], int]:
+        counter_before = int(multiprocessing.Process().name.rsplit("-", 1)[1])
+        loader = loader_type(
+            KnowsItsProcess(),
+            batch_size=None,
+            num_workers=workers,
+            multiprocessing_context=context,
+            **options,
+        )
+        samples = list(loader)
+        counter_after = int(multiprocessing.Process().name.rsplit("-", 1)[1])
+        numbers = sorted({number - counter_before for _, number in samples})
+        return {what for what, _ in samples}, numbers, counter_after - counter_before - 1
+
+    torchs = told(tud.DataLoader)
+    minatos = told(minato.DataLoader, worker_method="multiprocessing")
+    assert minatos[0] == torchs[0], (minatos, torchs)
+    ((kind, daemon, depth, parent, _method, comm),) = (
+        ast.literal_eval(what) for what in minatos[0]
+    )
+    assert (daemon, depth, parent) == (True, 1, ("MainProcess", os.getpid(), True))
+    assert comm == "pt_data_worker"
+    assert kind == (
+        "Process" if context is None else multiprocessing.get_context(context).Process.__name__
+    )
+    # Numbered as the training process starts them, none twice: each one it
+    # started took a number of its counter, as torch's.
+    for numbers, started in (torchs[1:], minatos[1:]):
+        assert 1 <= len(numbers) <= started and numbers[-1] <= started
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -3276,7 +3393,9 @@ def test_worker_processes_and_the_fork_server_run_none_of_the_loaders_signal_han
             pid = next(iter(processes._processes)).pid
             os.kill(pid, signal.SIGTERM)
             _, status = os.waitpid(pid, 0)
-            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+            # torch's worker signal handlers: terminated by its parent, a
+            # worker exits quietly.
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
         else:  # forked: the loader's own server; a fresh interpreter: the shared one
             server = (processes.own_zygote or workers._the_zygote).process
             os.kill(server.pid, signal.SIGTERM)

@@ -43,7 +43,7 @@ from minato._minato import (
     SampleEngine,
     _before_fork,
 )
-from minato._process.method import WorkerMethod
+from minato._process.method import WorkerMethod, start_method_of
 from minato._process.workers import (
     ProcessWorkers,
     fork_server_ready,
@@ -466,6 +466,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             collate_fn=loader.collate_fn,
             hard_timeout=loader.sample_hard_timeout,
             per_task_switch=not loader.deals_in_turn(),
+            start_method=start_method_of(loader.multiprocessing_context),
         )
         if method.requested == "multiprocessing":
             if method.fresh is not None:

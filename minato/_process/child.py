@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
+import multiprocessing
+import multiprocessing.context
 import multiprocessing.process
 import multiprocessing.util
 import os
@@ -33,6 +36,7 @@ from typing import Any, NoReturn
 import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
+from torch.utils.data._utils import signal_handling as _torch_signal_handling
 from torch.utils.data._utils import worker as _torch_worker
 
 from minato._minato import ArenaWriter, SlotRing, Wire
@@ -121,12 +125,25 @@ def _exit_after(code: int) -> None:
     os._exit(code)
 
 
+def _call_if_there(module: Any, name: str, *args: Any) -> None:
+    call = getattr(module, name, None)
+    if callable(call):
+        with contextlib.suppress(Exception):
+            call(*args)
+
+
 def _no_run(_run: SampleRun | None) -> None:
     """A worker process's generators are seeded eagerly (`seed_process`)."""
 
 
 def _set_up(spec: WorkerSpec, worker_id: int) -> None:
     lower_process_priority(spec.nice)
+    # As torch's _worker_loop: a crash here (a bus error from a full
+    # /dev/shm, say) is told on stderr as a worker's, and the process is
+    # named as torch names its workers (ps, top, py-spy). Private names of
+    # torch's, looked up so that one gone is skipped.
+    _call_if_there(_torch_signal_handling, "_set_worker_signal_handlers")
+    _call_if_there(torch.multiprocessing, "_set_thread_name", "pt_data_worker")
     torch.set_num_threads(1)
     seed = spec.base_seed + worker_id
     random.seed(seed)
@@ -155,6 +172,76 @@ def _set_up(spec: WorkerSpec, worker_id: int) -> None:
 connection: Wire | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class ProcessIdentity:
+    """What multiprocessing tells a process it started about itself and its
+    parent, as the loader's process numbered this worker process (torch's
+    worker processes are ``multiprocessing_context.Process`` objects,
+    daemonic)."""
+
+    identity: tuple[int, ...]
+    parent_name: str
+    parent_pid: int
+    # The loader's multiprocessing_context's start method, forced in the
+    # child as multiprocessing's bootstrap forces it (None: the default).
+    start_method: str | None
+
+    @classmethod
+    def next_child(cls, start_method: str | None) -> ProcessIdentity:
+        """The identity of the next process this process starts: it draws a
+        number from multiprocessing's counter, as a ``Process`` made here."""
+        me = multiprocessing.process.current_process()
+        count = next(multiprocessing.process._process_counter)  # type: ignore[attr-defined]
+        return cls((*me._identity, count), me.name, os.getpid(), start_method)  # type: ignore[attr-defined]
+
+
+def _parent_sentinel(pid: int) -> int:
+    """A descriptor that turns readable once the process `pid` exits, as
+    multiprocessing's parent sentinel (``parent_process().is_alive()``)."""
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        gone, write = os.pipe()  # read at its end: gone
+        os.close(write)
+        return gone
+    except (AttributeError, OSError):
+        # No pidfd here: a descriptor never readable. This process leaves
+        # with the loader's anyway.
+        never, _kept = os.pipe()
+        return never
+
+
+def _as_multiprocessing_child(me: ProcessIdentity) -> None:
+    """This process as multiprocessing's ``Process._bootstrap`` sets up a
+    process it started: ``current_process()`` a daemonic ``Process-N``
+    numbered by the loader's process, ``parent_process()`` that process, its
+    own counter from 1. Private names of CPython's, looked up so that one
+    gone is skipped, not fatal."""
+    mp = multiprocessing.process
+    kind: Any = multiprocessing.Process  # the default context's, as torch's default
+    if me.start_method is not None:
+        with contextlib.suppress(ValueError):
+            kind = multiprocessing.get_context(me.start_method).Process
+    process = kind(name=f"{kind.__name__}-{':'.join(map(str, me.identity))}")
+    # Not through the setter, which refuses a daemon's child (this process's
+    # copy of a parent that is itself a worker).
+    process._config["daemon"] = True  # type: ignore[attr-defined]
+    process._identity = me.identity  # type: ignore[attr-defined]
+    process._parent_pid = me.parent_pid  # type: ignore[attr-defined]
+    process._parent_name = me.parent_name  # type: ignore[attr-defined]
+    parent_kind = getattr(mp, "_ParentProcess", None)
+    if not all(hasattr(mp, name) for name in ("_current_process", "_parent_process")):
+        return
+    mp._current_process = process  # type: ignore[attr-defined]
+    if parent_kind is not None:
+        sentinel = _parent_sentinel(me.parent_pid)
+        mp._parent_process = parent_kind(me.parent_name, me.parent_pid, sentinel)  # type: ignore[attr-defined]
+    mp._process_counter = itertools.count(1)  # type: ignore[attr-defined]
+    force = getattr(multiprocessing.context, "_force_start_method", None)
+    if me.start_method is not None and callable(force):
+        force(me.start_method)
+
+
 def _after_fork_as_multiprocessing() -> None:
     """What multiprocessing runs in a process it starts before its target,
     as in torch's worker processes: the finalizers of the objects of the
@@ -177,12 +264,18 @@ def _after_fork_as_multiprocessing() -> None:
 def main(sock: socket.socket) -> None:
     global connection
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _after_fork_as_multiprocessing()
     wire = connection = Wire(sock)
     threading.Thread(target=_exit_with_loader, args=(wire.fileno(),), daemon=True).start()
     WORKER_NOUN["noun"] = "process"
     try:
-        worker_id, samples = _ipc.recv(wire)
+        worker_id, samples, identity = _ipc.recv(wire)
+    except EOFError:
+        return
+    # Before the after-fork callbacks, as in multiprocessing's bootstrap:
+    # they may ask which process this is.
+    _as_multiprocessing_child(identity)
+    _after_fork_as_multiprocessing()
+    try:
         spec = _ipc.recv(wire)
     except EOFError:
         return

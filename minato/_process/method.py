@@ -315,6 +315,14 @@ def fresh_start_method(context: Any) -> str | None:
     return name if name in ("spawn", "forkserver") else None
 
 
+def start_method_of(context: Any) -> str | None:
+    """The start method of a loader's ``multiprocessing_context``, which its
+    worker processes are started with in torch (None: none given)."""
+    if context is None:
+        return None
+    return context if isinstance(context, str) else context.get_start_method()
+
+
 def gil_enabled() -> bool:
     is_enabled = getattr(sys, "_is_gil_enabled", None)
     return True if is_enabled is None else bool(is_enabled())

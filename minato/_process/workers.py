@@ -588,7 +588,8 @@ class WorkerProcess:
             self, _end, self.wire, self.pid, child, None if child else self.started
         )
         workers.adopt(self)
-        _ipc.send(self.wire, (worker_id, samples))
+        identity = _process_child.ProcessIdentity.next_child(workers.start_method)
+        _ipc.send(self.wire, (worker_id, samples, identity))
         _ipc.send_payload(self.wire, workers.spec_payload())
 
     def call(self, message: tuple[Any, ...], limit: float | None) -> Any:
@@ -672,9 +673,13 @@ class ProcessWorkers:
         collate_fn: Callable[[Any], Any],
         hard_timeout: float | None,
         per_task_switch: bool,
+        start_method: str | None = None,
     ) -> None:
         self.spec = spec
         self.method = method
+        # The loader's multiprocessing_context's, which its worker processes
+        # see as theirs (None: multiprocessing's default).
+        self.start_method = start_method
         # The user's collate: a pinned batch cannot be shared between processes.
         self.child_spec = dataclasses.replace(
             spec, collate_fn=collate_fn, take_stream_skip=_no_stream_skip
