@@ -242,6 +242,14 @@ def _as_multiprocessing_child(me: ProcessIdentity) -> None:
         force(me.start_method)
 
 
+def _no_children_of_the_parents() -> None:
+    """This process's children start empty, as in ``Process._bootstrap``:
+    those of the process it was forked from are not its own to terminate
+    and join as it exits (see `leave`), whenever it leaves."""
+    if isinstance(getattr(multiprocessing.process, "_children", None), set):
+        multiprocessing.process._children = set()  # type: ignore[attr-defined]
+
+
 def _after_fork_as_multiprocessing() -> None:
     """What multiprocessing runs in a process it starts before its target,
     as in torch's worker processes: the finalizers of the objects of the
@@ -249,13 +257,7 @@ def _after_fork_as_multiprocessing() -> None:
     run after a fork run (a ``multiprocessing.Queue`` made in the 'fork'
     context forgets the parent's feeder thread, and starts one of its own
     when a worker puts on it; a manager's proxy connects anew). Private
-    names of CPython's, looked up so that one gone is skipped, not fatal.
-
-    Its children start empty, as in ``Process._bootstrap``: those of the
-    process it was forked from are not its own to terminate and join as it
-    exits (see `leave`)."""
-    if isinstance(getattr(multiprocessing.process, "_children", None), set):
-        multiprocessing.process._children = set()  # type: ignore[attr-defined]
+    names of CPython's, looked up so that one gone is skipped, not fatal."""
     after_fork = getattr(multiprocessing.process.BaseProcess, "_after_fork", None)
     if callable(after_fork):
         after_fork()
@@ -264,6 +266,7 @@ def _after_fork_as_multiprocessing() -> None:
 def main(sock: socket.socket) -> None:
     global connection
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _no_children_of_the_parents()
     wire = connection = Wire(sock)
     threading.Thread(target=_exit_with_loader, args=(wire.fileno(),), daemon=True).start()
     WORKER_NOUN["noun"] = "process"
