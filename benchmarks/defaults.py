@@ -2,7 +2,9 @@
 
 Four datasets, 2 workers, batch 16, shuffled; for each system a persistent
 loader read for four epochs, then a second loader over the same dataset
-type read for one (an evaluation loader, or one re-created each epoch):
+type read for one (an evaluation loader, or one re-created each epoch);
+``--not-persistent``: the first loader's workers anew each epoch, torch's
+default:
 
 - gil-bound: pure Python, about 1.5 ms a sample (parsing, tokenising);
 - i/o: a GIL-free 2 ms sleep returning a 64x64x3 tensor (file or network reads);
@@ -17,7 +19,7 @@ turn; the fork server is started (and waited for) first, so every row pays
 the same; minato's remembered decisions are forgotten before each defaults
 row (a fresh process would have none).
 
-    python benchmarks/defaults.py [--only gil-bound pil] [--samples 768]
+    python benchmarks/defaults.py [--only gil-bound pil] [--samples 768] [--not-persistent]
 """
 
 from __future__ import annotations
@@ -99,6 +101,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--only", nargs="+", choices=["gil-bound", "i/o", "compute", "pil"])
+    parser.add_argument(
+        "--not-persistent",
+        action="store_true",
+        help="the first loader without persistent_workers (torch's default)",
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     warm_up([__name__, "gpu_train"])
@@ -137,7 +144,7 @@ def main() -> None:
                     **options,
                 )
 
-            loader = fresh(True)
+            loader = fresh(not args.not_persistent)
             rates = [epoch_rate(loader) for _ in range(args.epochs)]
             how = ""
             if isinstance(loader, minato.DataLoader):

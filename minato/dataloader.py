@@ -22,8 +22,13 @@ from minato._loader.iterator import (
 from minato._loader.resume import LoaderProgress
 from minato._loader.stats import LoaderStats, StatsRecorder
 from minato._loader.whole_batches import WholeBatchChoice
-from minato._process.method import WorkerMethod, check_worker_method, fresh_start_method
-from minato._process.workers import exec_server_wanted, forked_at_start, warm_up
+from minato._process.method import (
+    WorkerMethod,
+    check_worker_method,
+    exec_server_wanted,
+    fresh_start_method,
+)
+from minato._process.workers import warm_up
 from minato._task.failures import check_failure_options
 from minato._util.priority import DEFAULT_WORKER_NICE, check_worker_nice
 
@@ -315,15 +320,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             num_workers > 0
             and method.uses_fork_server
             and (method.wants_processes or exec_server_wanted())
-            and not forked_at_start(method)
+            and not method.forks_at_start
         ):
             # The shared fork server, forked from this process now, while no
             # worker of this loader runs: ready before the first samples
             # need it. Auto, undecided, forks it once its measurements point
             # to processes (a loader that keeps threads never forks it); a
             # fresh interpreter shares no pages and takes seconds to start:
-            # it starts now, in the background. Forced worker processes get
-            # a server of their own, forked as each epoch starts.
+            # it starts now, in the background. Processes forced or decided
+            # are forked from this process as each epoch starts instead.
             warm_up(dataset=dataset)
         accelerate_hooks.register(self)
 

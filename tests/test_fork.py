@@ -355,7 +355,9 @@ def test_worker_processes_started_in_a_fork_child_have_their_own_worker_ids(
     earlier loader of the dataset's type). The processes it forks must not
     take that thread's WorkerInfo for theirs: each stream would be that
     worker's, read twice. (Seen as a flaky test under load, where auto
-    moved this module's Stream loader to processes.)"""
+    moved this module's Stream loader to processes.) Kept off the forks at
+    each engine's start, as when auto moves within an epoch."""
+    monkeypatch.setattr(_worker_method, "DECIDED_PROCESSES_FORKED_AT_START", False)
     monkeypatch.setitem(
         _worker_method._decided_for, Stream, (True, "auto: decided for the test", True)
     )

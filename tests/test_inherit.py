@@ -36,15 +36,17 @@ loader = shared_server_loader(dataset, batch_size=64, num_workers=2)
 """
 
 
-# Auto, started on processes by an earlier loader's decision: its workers
-# come from the shared fork server, forked as the loader is built, which
-# holds the arrays registered then. (Forced worker processes are forked
-# with their dataset as each epoch starts: nothing to take or copy.)
+# Auto, started on processes by an earlier loader's decision and kept off
+# the forks at each engine's start: its workers come from the shared fork
+# server, forked as the loader is built, which holds the arrays registered
+# then, as when auto moves within an epoch. (Workers forked with their
+# dataset as each epoch starts have nothing to take or copy.)
 SHARED_SERVER = """
 import minato as _minato
 from minato._process import method as _method
 
 def shared_server_loader(dataset, **options):
+    _method.DECIDED_PROCESSES_FORKED_AT_START = False
     _method._decided_for[type(dataset)] = (True, "auto: decided for the test", True)
     return _minato.DataLoader(dataset, **options)
 """

@@ -571,6 +571,105 @@ def test_a_worker_process_is_told_what_torchs_are_told_of_itself(
         assert 1 <= len(numbers) <= started and numbers[-1] <= started
 
 
+def test_auto_processes_see_this_process_as_each_epoch_starts_as_torchs_do(
+    tmp_path: Path,
+) -> None:
+    """Processes auto decided on (here for an earlier loader) are forked as
+    each epoch starts, as torch's: they see the environment and a module's
+    globals as the training process set them for that epoch, not as they
+    were when the shared fork server was forked."""
+    module = tmp_path / "epoch_settings.py"
+    module.write_text(
+        textwrap.dedent("""
+            import os
+            import torch.utils.data as tud
+
+            SETTING = "as imported"
+
+            class Reads(tud.Dataset):
+                def __len__(self):
+                    return 16
+
+                def __getitem__(self, index):
+                    return f"{SETTING} {os.environ.get('EPOCH_SETTING')} {os.getpid()}"
+            """)
+    )
+    script = textwrap.dedent("""
+        import os, sys
+        import torch, minato
+        import epoch_settings
+        from minato._process import method
+
+        method._decided_for[epoch_settings.Reads] = (True, "auto: decided for the test", True)
+        for loader_type in (torch.utils.data.DataLoader, minato.DataLoader):
+            loader = loader_type(epoch_settings.Reads(), batch_size=4, num_workers=2)
+            for epoch in range(3):
+                epoch_settings.SETTING = f"global {epoch}"
+                os.environ["EPOCH_SETTING"] = f"environ {epoch}"
+                seen = {sample.rsplit(" ", 1)[0] for batch in loader for sample in batch}
+                pids = {sample.rsplit(" ", 1)[1] for batch in loader for sample in batch}
+                print(loader_type.__module__.split(".")[0], sorted(seen), str(os.getpid()) in pids)
+            if loader_type is minato.DataLoader:
+                print(loader.stats().worker_method)
+        """)
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    torchs = [line.removeprefix("torch ") for line in lines if line.startswith("torch ")]
+    minatos = [line.removeprefix("minato ") for line in lines if line.startswith("minato ")]
+    assert (
+        minatos == torchs == [f"['global {epoch} environ {epoch}'] False" for epoch in range(3)]
+    ), run.stdout
+    assert lines[-1] == "multiprocessing", run.stdout
+
+
+def test_the_shared_fork_server_goes_once_its_loader_forks_its_workers_at_each_start(
+    tmp_path: Path,
+) -> None:
+    """A loader whose processes came from the shared fork server (auto's
+    move within an epoch) forks them from this process from its next epoch
+    on: the server, which keeps its own copy of every page this process
+    writes, goes once its workers have left."""
+    script = textwrap.dedent("""
+        import time
+        import minato
+        from minato._process import method, workers
+
+        class Sleeps(list):
+            def __getitem__(self, index):
+                time.sleep(0.002)
+                return index
+
+        method.DECIDED_PROCESSES_FORKED_AT_START = False
+        method._decided_for[Sleeps] = (True, "auto: decided for the test", True)
+        loader = minato.DataLoader(Sleeps(range(400)), batch_size=4, num_workers=2)
+        assert sorted(int(i) for batch in loader for i in batch) == list(range(400))
+        print("shared server", workers._the_zygote is not None)
+        method.DECIDED_PROCESSES_FORKED_AT_START = True
+        for _ in range(20):
+            assert sorted(int(i) for batch in loader for i in batch) == list(range(400))
+            if workers._the_zygote is None:
+                break
+        print("released", workers._the_zygote is None)
+        """)
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,  # the installed minato, not the checkout's sources
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[:2] == ["shared server True", "released True"], run.stdout
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_a_sample_past_the_hard_limit_is_killed_and_reported_once(shuffle: bool) -> None:
     loader = minato.DataLoader(
@@ -1024,6 +1123,7 @@ def test_a_datasets_arrow_array_reaches_worker_processes_by_shared_memory(
     # never registered with it, as when it was forked for an earlier loader.
     # The spec is pickled for the shared server's workers (auto's).
     monkeypatch.setattr(_process.inherit, "register", lambda dataset: None)
+    monkeypatch.setattr(_worker_method, "DECIDED_PROCESSES_FORKED_AT_START", False)
     monkeypatch.setitem(
         _worker_method._decided_for, ArrowNames, (True, "auto: decided for the test", True)
     )
@@ -1080,6 +1180,7 @@ def test_pyarrows_freed_copy_of_a_pickled_column_is_given_back(
     monkeypatch.setattr(pyarrow, "default_memory_pool", Spy)
     monkeypatch.setattr(_ipc, "dumps", spec_dumps)
     # The spec is pickled for the shared server's workers (auto's).
+    monkeypatch.setattr(_worker_method, "DECIDED_PROCESSES_FORKED_AT_START", False)
     monkeypatch.setitem(
         _worker_method._decided_for, ArrowFrame, (True, "auto: decided for the test", True)
     )
@@ -1417,24 +1518,34 @@ def test_a_loader_after_a_decision_on_processes_loads_every_sample_on_them(
     assert wait_until(lambda: not workers_of_this_process())
 
 
-def test_a_loader_after_a_decision_on_processes_keeps_threads_where_its_dataset_cannot_go(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("forked_at_start", [True, False])
+def test_a_loader_after_a_decision_on_processes_where_its_dataset_cannot_be_pickled(
+    monkeypatch: pytest.MonkeyPatch, forked_at_start: bool
 ) -> None:
+    # Its processes forked from this process as its engine starts hold the
+    # dataset as it is, as torch's: no pickle. From the shared server (a
+    # move within an epoch), threads are kept.
+    monkeypatch.setattr(_worker_method, "DECIDED_PROCESSES_FORKED_AT_START", forked_at_start)
     monkeypatch.setitem(
         _worker_method._decided_for, SleepsHoldingALock, (True, "auto: decided for the test", True)
     )
     loader = minato.DataLoader(SleepsHoldingALock(), batch_size=8, num_workers=2)
     assert indices(loader) == list(range(len(loader.dataset)))
     stats = loader.stats()
+    if forked_at_start:
+        assert stats.worker_method == "multiprocessing", stats.worker_method_reason
+        return
     assert stats.worker_method == "thread"
     assert "cannot be pickled" in (stats.worker_method_reason or ""), stats.worker_method_reason
 
 
 # In a script: a list dataset's loaders start on processes from the shared
-# fork server (auto, after an earlier loader's decision). Forced ones fork
-# a server of their own as each engine starts.
+# fork server (auto, after an earlier loader's decision, kept off the forks
+# at each engine's start, as when auto moves within an epoch). Forced ones
+# fork theirs as each engine starts.
 ON_THE_SHARED_SERVER = (
     "from minato._process import method\n"
+    "method.DECIDED_PROCESSES_FORKED_AT_START = False\n"
     "method._decided_for[list] = (True, 'auto: decided for the test', True)\n"
 )
 

@@ -247,9 +247,11 @@ def test_process_workers_deliver_torchs_batches_through_their_rings(
         return list(loader)
 
     theirs = epoch(tud.DataLoader)
-    # Auto, on processes from an earlier decision: its workers come from the
-    # shared fork server, forked before the patches (a forced loader's own
-    # server, forked as its epoch starts, would take them to its workers).
+    # Auto, on processes from an earlier decision, kept off the forks at each
+    # engine's start (as when it moves within an epoch): its workers come
+    # from the shared fork server, forked before the patches (workers forked
+    # as the epoch starts would take them along).
+    monkeypatch.setattr(_worker_method, "DECIDED_PROCESSES_FORKED_AT_START", False)
     monkeypatch.setitem(
         _worker_method._decided_for, Images, (True, "auto: decided for the test", True)
     )

@@ -47,7 +47,6 @@ from minato._process.method import WorkerMethod, start_method_of
 from minato._process.workers import (
     ProcessWorkers,
     fork_server_ready,
-    forked_at_start,
     release_fork_server,
     stop_all,
     warm_up,
@@ -455,7 +454,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
         method.restart_window()
         if method.decided and not method.wants_processes:
             return None
-        if method.wants_processes and method.fresh is None and not forked_at_start(method):
+        if method.wants_processes and method.fresh is None and not method.forks_at_start:
             # Its workers start now: from a server that shares this
             # process's pages as they are (one that has come to hold those
             # let go since it was forked is forked again, see warm_up).
@@ -468,22 +467,26 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             per_task_switch=not loader.deals_in_turn(),
             start_method=start_method_of(loader.multiprocessing_context),
         )
-        if method.requested == "multiprocessing":
-            if method.fresh is not None:
-                # multiprocessing_context="spawn" (or "forkserver"): from a
-                # fresh interpreter, as torch's.
-                workers.start_fresh()
-            else:
-                # Forked from this process as it is now, as torch forks its
-                # workers at iter(): its module globals, its settings, the
-                # dataset unpickled (an open file, a lock included).
-                workers.inherit_spec(self._starting_workers(loader))
+        if method.requested == "multiprocessing" and method.fresh is not None:
+            # multiprocessing_context="spawn" (or "forkserver"): from a
+            # fresh interpreter, as torch's.
+            workers.start_fresh()
+        elif method.forks_at_start:
+            # Forked from this process as it is now, as torch forks its
+            # workers at iter(): its module globals, its settings, the
+            # dataset unpickled (an open file, a lock included).
+            workers.inherit_spec(self._starting_workers(loader))
+        # Where they are, the shared server, if no other loader needs it,
+        # goes once the workers it forked for an earlier epoch have left.
+        method.forked_since = method.forks_at_start
         if method.decided_before and not method.processes:
             # An earlier loader's decision: the workers start on processes,
             # as forced ones do. Threads loading beside the starts slowed
             # them (the GIL) and this loader's first epoch with them
-            # (benchmarks/RESULTS.md, session 36). The spec is pickled here,
-            # before any worker thread runs: one that cannot be keeps threads.
+            # (benchmarks/RESULTS.md, session 36). Where they are not forked
+            # from this process (a fresh server asked for), the spec is
+            # pickled here, before any worker thread runs: one that cannot
+            # be keeps threads.
             why = workers.check_picklable()
             if why is not None:
                 method.cannot_use_processes(why)
@@ -684,7 +687,7 @@ class _ThreadDataLoaderIter(_Delivery, _BaseDataLoaderIter):
             self._move_when_ready(now)
             return
         if method.decided:
-            if method.left_processes and now >= self._next_method_check:
+            if (method.left_processes or method.forked_since) and now >= self._next_method_check:
                 self._next_method_check = now + SERVER_RELEASE_CHECK_INTERVAL_S
                 if release_fork_server():
                     method.left_processes = False

@@ -323,6 +323,18 @@ def start_method_of(context: Any) -> str | None:
     return context if isinstance(context, str) else context.get_start_method()
 
 
+def exec_server_wanted() -> bool:
+    """``MINATO_FORK_SERVER=exec``: the fork server as a fresh interpreter."""
+    return os.environ.get("MINATO_FORK_SERVER") == "exec"
+
+
+# Whether processes auto decided on (in an earlier epoch, or for an earlier
+# loader) are forked from the training process as each engine starts (see
+# WorkerMethod.forks_at_start). Tests of the shared fork server's paths
+# turn it off, to reach them without a move within an epoch.
+DECIDED_PROCESSES_FORKED_AT_START = True
+
+
 def gil_enabled() -> bool:
     is_enabled = getattr(sys, "_is_gil_enabled", None)
     return True if is_enabled is None else bool(is_enabled())
@@ -510,6 +522,10 @@ class WorkerMethod:
         # Back on threads after a trial: the fork server goes once the
         # trial's worker processes have exited (minato._loader.iterator).
         self.left_processes = False
+        # Set once an engine's processes were forked from this process as it
+        # started (see forks_at_start): the shared fork server is not this
+        # loader's any more.
+        self.forked_since = False
         _methods.add(self)
         self._worth_probing = False
         self._probe_total = 0.0
@@ -566,8 +582,23 @@ class WorkerMethod:
     @property
     def uses_fork_server(self) -> bool:
         """Whether this loader's workers may run in processes forked from this
-        process's fork server (not from a fresh interpreter of their own)."""
-        return self.may_use_processes and self.fresh is None
+        process's fork server (not from a fresh interpreter of their own, nor
+        from this process as its engines start)."""
+        return self.may_use_processes and self.fresh is None and not self.forked_since
+
+    @property
+    def forks_at_start(self) -> bool:
+        """Whether this loader's worker processes are forked from this
+        process as each engine starts, as torch forks its workers at
+        ``iter()``, not from the shared fork server: forced, or processes
+        decided by auto (in an earlier epoch, or for an earlier loader), so
+        that they see this process's state as the epoch starts (its
+        environment, module globals), as torch's do. Auto's move within an
+        epoch takes its processes from the shared server."""
+        decided = self.requested == "multiprocessing" or (
+            DECIDED_PROCESSES_FORKED_AT_START and self.decided and self.wants_processes
+        )
+        return decided and self.fresh is None and not exec_server_wanted()
 
     @property
     def may_use_processes(self) -> bool:

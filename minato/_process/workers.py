@@ -91,7 +91,7 @@ from minato._process import child as _process_child
 from minato._process import inherit
 from minato._process import ipc as _ipc
 from minato._process import zygote as _zygote
-from minato._process.method import WorkerMethod
+from minato._process.method import WorkerMethod, exec_server_wanted
 from minato._task.error import WorkerError
 from minato._task.failures import NOTHING_LOADED, SampleFailure, Skipped
 from minato._task.runner import EXHAUSTED, WorkerSpec
@@ -276,11 +276,6 @@ def _max_fd() -> int:
         return 65536
 
 
-def exec_server_wanted() -> bool:
-    """``MINATO_FORK_SERVER=exec``: the fork server as a fresh interpreter."""
-    return os.environ.get("MINATO_FORK_SERVER") == "exec"
-
-
 # Forced worker processes forked from the training process itself, at most:
 # more come from a fork server of their engine's own. A server holds a copy
 # of its own of every page that the training process and the workers all
@@ -288,15 +283,6 @@ def exec_server_wanted() -> bool:
 # session 40), while each direct fork stops the training thread for as long
 # as copying its page tables takes, one per worker per epoch, as torch's.
 FORKED_DIRECTLY = 2
-
-
-def forked_at_start(method: WorkerMethod) -> bool:
-    """Whether the loader's worker processes are forced and forked from
-    this process as each engine starts (``ProcessWorkers.inherit_spec``),
-    not from the shared fork server."""
-    return (
-        method.requested == "multiprocessing" and method.fresh is None and not exec_server_wanted()
-    )
 
 
 def _exec_server(theirs: socket.socket) -> subprocess.Popen:
@@ -999,7 +985,9 @@ def release_fork_server() -> bool:
         return False
     processes_live = True
     with contextlib.suppress(RuntimeError):  # a set changed while read: keep it
-        processes_live = any(len(workers._processes) for workers in list(_live))
+        processes_live = any(
+            len(workers._processes) for workers in list(_live) if workers.own_server is None
+        )
     if processes_live or _server_has_children():
         return False
     # Killed: on the training loop's thread, it must not wait for an
