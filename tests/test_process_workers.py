@@ -311,6 +311,19 @@ def wait_until(condition, within_s: float = 10.0) -> bool:
     return condition()
 
 
+def run_script(script: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Runs `script` in a fresh interpreter from `cwd` (not the checkout:
+    the installed minato), with `env` added to the environment."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=cwd,
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def indices(loader) -> list[int]:
     return sorted(int(i) for batch in loader for i in batch)
 
@@ -478,13 +491,7 @@ def test_a_worker_process_that_crashes_says_so_on_stderr_as_torchs_do(
         except Exception as error:
             print(type(error).__name__, error)
         """)
-    run = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=tmp_path,  # the installed minato, not the checkout's sources
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = run_script(script, tmp_path)
     assert "Unexpected segmentation fault encountered in worker" in run.stderr, run.stderr
     # (torch's own raises this, or, its worker's death racing its queue's
     # read, an EOFError.)
@@ -612,14 +619,7 @@ def test_auto_processes_see_this_process_as_each_epoch_starts_as_torchs_do(
             if loader_type is minato.DataLoader:
                 print(loader.stats().worker_method)
         """)
-    run = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=tmp_path,
-        env=dict(os.environ, PYTHONPATH=str(tmp_path)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = run_script(script, tmp_path, PYTHONPATH=str(tmp_path))
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     torchs = [line.removeprefix("torch ") for line in lines if line.startswith("torch ")]
@@ -659,13 +659,7 @@ def test_the_shared_fork_server_goes_once_its_loader_forks_its_workers_at_each_s
                 break
         print("released", workers._the_zygote is None)
         """)
-    run = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=tmp_path,  # the installed minato, not the checkout's sources
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = run_script(script, tmp_path)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split("\n")[:2] == ["shared server True", "released True"], run.stdout
 
