@@ -21,6 +21,7 @@ import textwrap
 import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,28 @@ class KnowsItsProcess(Dataset):
                 comm,
             )
         ), int(number)
+
+
+class WritesInTheBackground(Dataset):
+    """Each sample has a thread pool of its worker's write a file a moment
+    later (a cache written behind, say)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.pool: ThreadPoolExecutor | None = None
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(2)
+        self.pool.submit(self._write, index)
+        return index
+
+    def _write(self, index: int) -> None:
+        time.sleep(0.2)
+        (self.out / str(index)).write_text("written")
 
 
 class Hangs(Dataset):
@@ -662,6 +685,29 @@ def test_the_shared_fork_server_goes_once_its_loader_forks_its_workers_at_each_s
     run = run_script(script, tmp_path)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split("\n")[:2] == ["shared server True", "released True"], run.stdout
+
+
+@pytest.mark.parametrize(
+    ("loader_type", "options"),
+    [
+        (tud.DataLoader, {}),
+        (minato.DataLoader, {"worker_method": "multiprocessing"}),
+        (minato.DataLoader, {"worker_method": "multiprocessing", "num_workers": 3}),
+        (minato.DataLoader, {"worker_method": "thread"}),
+    ],
+    ids=["torch", "minato-processes", "minato-processes-from-a-server", "minato-threads"],
+)
+def test_what_a_workers_own_threads_were_given_is_done_as_in_torchs(
+    tmp_path: Path, loader_type: type, options: dict[str, Any]
+) -> None:
+    """A worker process exits as the interpreter does: threading's exit
+    callbacks and non-daemon threads finish first (within torch's bound),
+    so a thread pool's queued work is done, as in torch's workers."""
+    options = {"num_workers": 2, **options}
+    loader = loader_type(WritesInTheBackground(tmp_path), batch_size=2, **options)
+    assert sorted(int(index) for batch in loader for index in batch) == list(range(8))
+    del loader
+    assert wait_until(lambda: len(list(tmp_path.iterdir())) == 8), sorted(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

@@ -102,8 +102,10 @@ _leaving = threading.Lock()
 def leave(code: int) -> NoReturn:
     """Exits as a process multiprocessing started exits, as torch's worker
     processes do: the finalizers run first (a ``multiprocessing.Queue`` the
-    dataset put on sends what it still buffers), within torch's bound on a
-    worker's exit, past which it exits regardless (a pipe nobody reads)."""
+    dataset put on sends what it still buffers), then the threads the
+    dataset started are waited for, within torch's bound on a worker's
+    exit, past which it exits regardless (a pipe nobody reads, a thread
+    that never ends)."""
     if _leaving.acquire(blocking=False):
         bound = threading.Thread(target=_exit_after, args=(code,), daemon=True)
         bound.start()
@@ -112,12 +114,30 @@ def leave(code: int) -> NoReturn:
             if callable(exit_function):
                 exit_function()
         with contextlib.suppress(BaseException):
+            _join_threads()
+        with contextlib.suppress(BaseException):
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
     # Another thread is leaving: it exits the process.
     while True:
         time.sleep(EXIT_BOUND_S)
+
+
+def _join_threads() -> None:
+    """What the interpreter's shutdown does, as in a process multiprocessing
+    started: threading's exit callbacks run (a ``ThreadPoolExecutor``'s
+    workers finish the work queued), then its non-daemon threads are
+    joined. Not the main thread, which may be inside the dataset's code
+    when the loader's end closed. A private name of CPython's, looked up so
+    that one gone is skipped."""
+    for callback in reversed(list(getattr(threading, "_threading_atexits", ()))):
+        with contextlib.suppress(Exception):
+            callback()
+    here, main = threading.current_thread(), threading.main_thread()
+    for thread in threading.enumerate():
+        if not thread.daemon and thread is not here and thread is not main:
+            thread.join()
 
 
 def _exit_after(code: int) -> None:
