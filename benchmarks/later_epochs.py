@@ -1,8 +1,10 @@
 """A loader's later epochs, workers anew each epoch (torch's default): the
-process tree's peak PSS over its base (sampled every 0.05 s) and samples/s
-over epochs 2-4, after a first epoch in which minato's defaults decide.
-defaults.py's GIL-bound dataset, returning a 3x64x64 tensor; 2 workers,
-batch 16, shuffled, 768 samples an epoch. One system per run.
+process tree's peak memory over its base (sampled every 0.05 s; PSS, and
+with every shared-memory page counted, as tree_memory.py reads them: a
+quiet machine) and samples/s over epochs 2-4, after a first epoch in
+which minato's defaults decide. defaults.py's GIL-bound dataset, returning
+a 3x64x64 tensor; 2 workers, batch 16, shuffled, 768 samples an epoch.
+One system per run.
 
     python benchmarks/later_epochs.py {torch|auto|forced}
 """
@@ -17,24 +19,9 @@ import warnings
 
 import torch
 import torch.utils.data as tud
-from tree_memory import process_tree
+from tree_memory import measure
 
 import minato
-
-
-def pss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return 0
-    return 0
-
-
-def tree_pss() -> int:
-    return sum(pss(p) for p in process_tree(os.getpid()))
 
 
 class GilBound(tud.Dataset):
@@ -49,20 +36,23 @@ class GilBound(tud.Dataset):
 
 
 class PeakSampler:
-    """The process tree's peak PSS, read every 0.05 s on a thread."""
+    """The process tree's peak memory (tree_memory.measure: its PSS, and its
+    anonymous and file PSS plus the machine's shared memory), read every
+    0.05 s on a thread."""
 
     def __init__(self) -> None:
-        self.peak = 0
+        self.peak = (0.0, 0.0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, tree_pss())
+            pss, with_shared = measure(os.getpid())
+            self.peak = (max(self.peak[0], pss), max(self.peak[1], with_shared))
             time.sleep(0.05)
 
-    def stop(self) -> int:
+    def stop(self) -> tuple[float, float]:
         self._stop.set()
         self._thread.join()
         return self.peak
@@ -71,7 +61,7 @@ class PeakSampler:
 def main() -> None:
     warnings.filterwarnings("ignore")
     system = sys.argv[1]
-    base = tree_pss()
+    base = measure(os.getpid())
     if system == "torch":
         loader = tud.DataLoader(GilBound(), batch_size=16, shuffle=True, num_workers=2)
     else:
@@ -90,7 +80,8 @@ def main() -> None:
     peak = sampler.stop()
     method = loader.stats().worker_method if system != "torch" else "processes"
     print(
-        f"{system:8s} peak PSS over base {(peak - base) / 2**20:6.1f} MiB  "
+        f"{system:8s} peak PSS over base {peak[0] - base[0]:6.1f} MiB, "
+        f"with all shared memory {peak[1] - base[1]:6.1f} MiB  "
         f"epochs 2-4 {3 * len(loader.dataset) / elapsed:6.0f} samples/s  {method}"
     )
 

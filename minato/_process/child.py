@@ -252,6 +252,8 @@ def _as_multiprocessing_child(me: ProcessIdentity) -> None:
     parent_kind = getattr(mp, "_ParentProcess", None)
     if not all(hasattr(mp, name) for name in ("_current_process", "_parent_process")):
         return
+    # sys.stdin a file of its own on /dev/null, as multiprocessing makes it.
+    _call_if_there(multiprocessing.util, "_close_stdin")
     mp._current_process = process  # type: ignore[attr-defined]
     if parent_kind is not None:
         sentinel = _parent_sentinel(me.parent_pid)
