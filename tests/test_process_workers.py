@@ -334,6 +334,20 @@ def wait_until(condition, within_s: float = 10.0) -> bool:
     return condition()
 
 
+# torch's worker processes, and minato's: forked directly, from a server
+# (more workers than are forked directly), and threads.
+TORCHS_AND_MINATOS_WORKERS = pytest.mark.parametrize(
+    ("loader_type", "options"),
+    [
+        (tud.DataLoader, {}),
+        (minato.DataLoader, {"worker_method": "multiprocessing"}),
+        (minato.DataLoader, {"worker_method": "multiprocessing", "num_workers": 3}),
+        (minato.DataLoader, {"worker_method": "thread"}),
+    ],
+    ids=["torch", "minato-processes", "minato-processes-from-a-server", "minato-threads"],
+)
+
+
 def run_script(script: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     """Runs `script` in a fresh interpreter from `cwd` (not the checkout:
     the installed minato), with `env` added to the environment."""
@@ -523,16 +537,7 @@ def test_a_worker_process_that_crashes_says_so_on_stderr_as_torchs_do(
         assert "exited unexpectedly" in run.stdout, run.stdout
 
 
-@pytest.mark.parametrize(
-    ("loader_type", "options"),
-    [
-        (tud.DataLoader, {}),
-        (minato.DataLoader, {"worker_method": "multiprocessing"}),
-        (minato.DataLoader, {"worker_method": "multiprocessing", "num_workers": 3}),
-        (minato.DataLoader, {"worker_method": "thread"}),
-    ],
-    ids=["torch", "minato-processes", "minato-processes-from-a-server", "minato-threads"],
-)
+@TORCHS_AND_MINATOS_WORKERS
 def test_what_workers_put_on_a_multiprocessing_queue_arrives_as_from_torchs(
     loader_type: type, options: dict[str, Any]
 ) -> None:
@@ -687,16 +692,7 @@ def test_the_shared_fork_server_goes_once_its_loader_forks_its_workers_at_each_s
     assert run.stdout.split("\n")[:2] == ["shared server True", "released True"], run.stdout
 
 
-@pytest.mark.parametrize(
-    ("loader_type", "options"),
-    [
-        (tud.DataLoader, {}),
-        (minato.DataLoader, {"worker_method": "multiprocessing"}),
-        (minato.DataLoader, {"worker_method": "multiprocessing", "num_workers": 3}),
-        (minato.DataLoader, {"worker_method": "thread"}),
-    ],
-    ids=["torch", "minato-processes", "minato-processes-from-a-server", "minato-threads"],
-)
+@TORCHS_AND_MINATOS_WORKERS
 def test_what_a_workers_own_threads_were_given_is_done_as_in_torchs(
     tmp_path: Path, loader_type: type, options: dict[str, Any]
 ) -> None:
