@@ -238,6 +238,8 @@ def _as_multiprocessing_child(me: ProcessIdentity) -> None:
     own counter from 1. Private names of CPython's, looked up so that one
     gone is skipped, not fatal."""
     mp = multiprocessing.process
+    if not all(hasattr(mp, name) for name in ("_current_process", "_parent_process")):
+        return
     kind: Any = multiprocessing.Process  # the default context's, as torch's default
     if me.start_method is not None:
         with contextlib.suppress(ValueError):
@@ -249,12 +251,10 @@ def _as_multiprocessing_child(me: ProcessIdentity) -> None:
     process._identity = me.identity  # type: ignore[attr-defined]
     process._parent_pid = me.parent_pid  # type: ignore[attr-defined]
     process._parent_name = me.parent_name  # type: ignore[attr-defined]
-    parent_kind = getattr(mp, "_ParentProcess", None)
-    if not all(hasattr(mp, name) for name in ("_current_process", "_parent_process")):
-        return
     # sys.stdin a file of its own on /dev/null, as multiprocessing makes it.
     _call_if_there(multiprocessing.util, "_close_stdin")
     mp._current_process = process  # type: ignore[attr-defined]
+    parent_kind = getattr(mp, "_ParentProcess", None)
     if parent_kind is not None:
         sentinel = _parent_sentinel(me.parent_pid)
         mp._parent_process = parent_kind(me.parent_name, me.parent_pid, sentinel)  # type: ignore[attr-defined]

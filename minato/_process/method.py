@@ -311,7 +311,7 @@ def fresh_start_method(context: Any) -> str | None:
         name = multiprocessing.get_start_method(allow_none=True)
         asked = ("spawn",) if sys.version_info >= (3, 14) else ("spawn", "forkserver")
         return name if name in asked else None
-    name = context if isinstance(context, str) else context.get_start_method()
+    name = start_method_of(context)
     return name if name in ("spawn", "forkserver") else None
 
 

@@ -970,8 +970,10 @@ def stop_all() -> None:
 
 
 def release_fork_server() -> bool:
-    """Stops the fork server once no live loader may use worker processes
-    (auto decided threads for every one): forked from this process, it
+    """Stops the fork server once no live loader may take worker processes
+    from it (auto decided threads for every one, or each forks its own as
+    its engines start, see WorkerMethod.forks_at_start): forked from this
+    process, it
     comes to hold its own copy of every page this process writes after the
     fork (at 8 PIL workers on threads its PSS read 244 MB at the epoch's
     end: benchmarks/RESULTS.md). A later loader that may use processes
